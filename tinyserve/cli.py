@@ -1,0 +1,39 @@
+"""``tinyserve serve|engine|frontend``: one console script, one subcommand per process kind."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from tinyserve.config import ENGINE, FRONTEND, SERVE, add_arguments, build_config
+
+_HELP = {
+    SERVE: "start one engine and N frontends on this machine",
+    ENGINE: "run the engine process (owns the model)",
+    FRONTEND: "run one HTTP frontend process",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tinyserve", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for role, text in _HELP.items():
+        add_arguments(commands.add_parser(role, help=text, description=text), role)
+    args = parser.parse_args(argv)
+    config = build_config(args)
+    if args.command == ENGINE:
+        from tinyserve.engine.proc import run as run_engine
+
+        return run_engine(config)
+    if args.command == FRONTEND:
+        from tinyserve.frontend.main import run as run_frontend
+
+        return run_frontend(config)
+    from tinyserve.launcher import run as run_launcher
+
+    return run_launcher(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
