@@ -1,0 +1,1 @@
+"""Placeholder so setup.py builds; the module lands in a following commit."""
