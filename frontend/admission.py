@@ -1,0 +1,131 @@
+"""Admission: turn a request away before it reaches the engine when it cannot be served soon.
+
+Transport-free: the figures come in as plain values (read from the board and the handshake by
+the caller) and a ``Rejection`` or ``None`` comes out. The engine re-checks on receipt and is
+authoritative; this check exists so that a full node answers in microseconds instead of a round
+trip, and so the answer carries a useful ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tinyserve import protocol
+
+RETRY_MIN_S = 1
+RETRY_MAX_S = 60
+# No restart time is known when the engine is down; a few seconds keeps clients from hammering.
+ENGINE_DOWN_RETRY_S = 5
+REASON_DRAINING = protocol.REJECT_DRAINING
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Fixed facts of one engine incarnation, from its ``HelloAck``."""
+
+    block_size: int
+    blocks_total: int
+    max_queue: int
+
+
+@dataclass(frozen=True)
+class Load:
+    """The node's load right now: the engine's board figures plus every frontend's pending
+    requests (sent to the engine, not yet accepted or finished)."""
+
+    blocks_used: int
+    waiting: int
+    running: int
+    drain_rate: float  # requests finished per second, recently
+    pending_blocks: int = 0
+    pending_requests: int = 0
+    draining: bool = False
+
+
+# Stand-in when the board cannot be read: nothing known to be queued, no drain rate.
+IDLE_LOAD = Load(blocks_used=0, waiting=0, running=0, drain_rate=0.0)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a request is turned away: ``status`` 400 (never fits) or 503 (try again later)."""
+
+    status: int
+    reason: str
+    message: str
+    retry_after: int | None = None
+
+
+def blocks_needed(tokens: int, block_size: int) -> int:
+    """KV blocks a request holds in the worst case (prompt plus every token it may generate)."""
+    return math.ceil(tokens / block_size)
+
+
+def retry_after_s(requests_ahead: int, drain_rate: float) -> int:
+    """Seconds until ``requests_ahead`` requests have left at the recent ``drain_rate``."""
+    if drain_rate <= 0:
+        # Nothing finished recently: no basis for a short estimate.
+        return RETRY_MAX_S
+    seconds = math.ceil(max(requests_ahead, 1) / drain_rate)
+    return min(max(seconds, RETRY_MIN_S), RETRY_MAX_S)
+
+
+def admit(prompt_tokens: int, max_tokens: int, limits: Limits, load: Load) -> Rejection | None:
+    """``None`` when the request may be sent to the engine, else why not."""
+    need = blocks_needed(prompt_tokens + max_tokens, limits.block_size)
+    if need > limits.blocks_total:
+        return Rejection(
+            400,
+            protocol.REJECT_TOO_LONG,
+            f"request needs {need} KV blocks; the engine has {limits.blocks_total} in all",
+        )
+    if load.draining:
+        return _draining(load)
+    queued = load.waiting + load.pending_requests
+    if queued >= limits.max_queue:
+        ahead = queued - limits.max_queue + 1
+        return Rejection(
+            503,
+            protocol.REJECT_QUEUE_FULL,
+            f"{queued} requests are queued (limit {limits.max_queue})",
+            retry_after_s(ahead, load.drain_rate),
+        )
+    free = limits.blocks_total - load.blocks_used - load.pending_blocks
+    if need > free:
+        return Rejection(
+            503,
+            protocol.REJECT_KV_CACHE_FULL,
+            f"request needs {need} KV blocks; {max(free, 0)} are free",
+            retry_after_s(_requests_to_free(need - free, load), load.drain_rate),
+        )
+    return None
+
+
+def engine_rejection(detail: str, load: Load) -> Rejection:
+    """The reply for a request the engine itself rejected (``finish_reason == "rejected"``)."""
+    if detail == protocol.REJECT_TOO_LONG:
+        return Rejection(400, detail, "request can never fit the engine's KV cache")
+    if detail == REASON_DRAINING:
+        return _draining(load)
+    ahead = load.waiting + load.pending_requests + 1
+    reason = detail or protocol.REJECT_QUEUE_FULL
+    return Rejection(
+        503, reason, f"engine rejected the request: {reason}", retry_after_s(ahead, load.drain_rate)
+    )
+
+
+def _draining(load: Load) -> Rejection:
+    # The engine finishes what it has, then goes away: everything it holds is ahead of us.
+    ahead = load.waiting + load.running
+    return Rejection(
+        503, REASON_DRAINING, "engine is draining", retry_after_s(ahead, load.drain_rate)
+    )
+
+
+def _requests_to_free(deficit_blocks: int, load: Load) -> int:
+    """How many requests must finish before ``deficit_blocks`` blocks are free, estimated from
+    the blocks an average running request holds; queued requests take freed blocks first."""
+    per_request = load.blocks_used / load.running if load.running else 1.0
+    finishing = math.ceil(deficit_blocks / max(per_request, 1.0))
+    return finishing + load.waiting + load.pending_requests

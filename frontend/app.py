@@ -1,0 +1,73 @@
+"""Building the frontend's aiohttp application from a ``Config``.
+
+Everything with a lifetime (tokenizer thread, ZMQ sockets, listener and engine-link tasks) is
+owned by a ``cleanup_ctx``: started when the app starts, cancelled and awaited when it stops.
+Tests and the launcher can build the same app with ``build_app(config)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+from aiohttp import web
+
+from tinyserve.config import Config
+from tinyserve.frontend.api_errors import error_middleware
+from tinyserve.frontend.engine_client import EngineClient
+from tinyserve.frontend.engine_link import EngineLink
+from tinyserve.frontend.handlers import add_routes
+from tinyserve.frontend.keys import CLIENT, CONFIG, LINK, TOKENIZER
+from tinyserve.frontend.tokenizer import Tokenizer
+from tinyserve.logs import fields
+
+log = logging.getLogger(__name__)
+
+
+def build_app(config: Config) -> web.Application:
+    """The frontend app; its engine connection starts when the app starts."""
+    app = web.Application(middlewares=[error_middleware])
+    app[CONFIG] = config
+    app.cleanup_ctx.append(_tokenizer_ctx)
+    app.cleanup_ctx.append(_engine_ctx)
+    add_routes(app)
+    return app
+
+
+async def _tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
+    tokenizer = await Tokenizer.load(app[CONFIG])
+    app[TOKENIZER] = tokenizer
+    yield
+    tokenizer.close()
+
+
+async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
+    client = EngineClient(app[CONFIG])
+    link = EngineLink(app[CONFIG], client)
+    app[CLIENT], app[LINK] = client, link
+    log.info("frontend id", extra=fields(frontend_id=client.frontend_id))
+    tasks = [_task(client.listen(), "engine-listener"), _task(link.run(), "engine-link")]
+    yield
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    client.close()
+
+
+def _task(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    task = asyncio.create_task(coro, name=name)
+    task.add_done_callback(_log_crash)
+    return task
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    # These tasks run for the app's whole life; one that ends early is a bug worth a loud log.
+    if not task.cancelled() and task.exception() is not None:
+        log.error(
+            "background task died", exc_info=task.exception(), extra=fields(task=task.get_name())
+        )

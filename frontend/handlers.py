@@ -1,0 +1,132 @@
+"""HTTP routes: ``POST /generate``, ``GET /health``, ``GET /ready``.
+
+``/generate`` runs validate -> tokenize -> admit -> submit -> wait for the engine's first word
+(accepted or rejected) -> reply. Headers go out only after that first word, so an engine-side
+rejection is still a proper 503 and not a stream that ends in an error.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from aiohttp import web
+
+from tinyserve import protocol
+from tinyserve.frontend import admission
+from tinyserve.frontend.api_errors import ApiError
+from tinyserve.frontend.engine_client import EngineUnreachable
+from tinyserve.frontend.keys import CLIENT, CONFIG, LINK, TOKENIZER
+from tinyserve.frontend.replies import (
+    ReplyContext,
+    engine_unavailable,
+    finish_error,
+    json_reply,
+    rejection_error,
+    sse_reply,
+)
+from tinyserve.frontend.validation import GenerateRequest, check_prompt_fits, parse_generate
+
+
+async def health(request: web.Request) -> web.Response:
+    """200 while the process runs, whatever the engine's state."""
+    return web.json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    """200 once the engine handshake is done and the engine is alive and not draining."""
+    link = request.app[LINK]
+    ack = link.ack
+    if ack is None or not link.serving.is_set():
+        raise engine_unavailable("engine handshake not done or engine down")
+    if link.draining():
+        load = link.load() or admission.IDLE_LOAD
+        raise rejection_error(admission.engine_rejection(admission.REASON_DRAINING, load))
+    return web.json_response({"status": "ready", "model": ack.model_name})
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    """Generate a completion for one prompt; JSON or SSE as the request asks."""
+    app = request.app
+    req = parse_generate(await request.read(), app[CONFIG])
+    ack = app[LINK].ack
+    if ack is None:
+        raise engine_unavailable()
+    prompt_ids = await app[TOKENIZER].tokenize(req.prompt)
+    check_prompt_fits(len(prompt_ids), req.max_tokens, ack.n_ctx)
+    blocks = _admit(request, len(prompt_ids), req.max_tokens)
+    submit = _submit_message(req, prompt_ids, app[CLIENT].frontend_id)
+    try:
+        return await _forward(request, req, submit, blocks)
+    except ApiError as exc:
+        exc.request_id = submit.request_id
+        raise
+
+
+def _admit(request: web.Request, prompt_tokens: int, max_tokens: int) -> int:
+    """Check the board; returns the request's worst-case KV blocks or raises the rejection."""
+    link = request.app[LINK]
+    limits, load = link.limits, link.load()
+    if limits is None or load is None:
+        raise engine_unavailable()
+    rejection = admission.admit(prompt_tokens, max_tokens, limits, load)
+    if rejection is not None:
+        raise rejection_error(rejection)
+    return admission.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
+
+
+def _submit_message(
+    req: GenerateRequest, prompt_ids: list[int], frontend_id: str
+) -> protocol.Submit:
+    sampling = protocol.SamplingParams(
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        seed=req.seed,
+        stop=req.stop,
+    )
+    return protocol.Submit(
+        request_id=uuid.uuid4().hex,
+        frontend_id=frontend_id,
+        prompt_ids=prompt_ids,
+        sampling=sampling,
+        max_tokens=req.max_tokens,
+        priority=req.priority,
+        tenant=req.tenant,
+        arrival_ns=time.monotonic_ns(),
+        want_timeline=req.timeline,
+    )
+
+
+async def _forward(
+    request: web.Request, req: GenerateRequest, submit: protocol.Submit, blocks: int
+) -> web.StreamResponse:
+    """Send the request, reply from its stream, and make sure it does not outlive the handler."""
+    client, link = request.app[CLIENT], request.app[LINK]
+    try:
+        stream = client.submit(submit, blocks)
+    except EngineUnreachable as exc:
+        raise engine_unavailable() from exc
+    link.publish()
+    try:
+        early = await stream.acknowledged()
+        error = finish_error(early, link.load()) if early is not None else None
+        if error is not None:
+            raise error
+        ctx = ReplyContext(submit.request_id, len(submit.prompt_ids), req.timeline, link.load)
+        if req.stream:
+            return await sse_reply(request, stream, ctx)
+        return await json_reply(stream, ctx)
+    finally:
+        # Client gone (handler cancelled) or a failure of ours: the engine must not keep
+        # generating for nobody. cancel() never waits, so this cannot hang a cancelled task.
+        if not stream.finished:
+            client.cancel(submit.request_id)
+        client.release(submit.request_id)
+
+
+def add_routes(app: web.Application) -> None:
+    """Register the frontend's routes on ``app``."""
+    app.router.add_post("/generate", generate)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)

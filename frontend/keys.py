@@ -1,0 +1,15 @@
+"""Typed application state: what the frontend's handlers share, set up by ``app.build_app``."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from tinyserve.config import Config
+from tinyserve.frontend.engine_client import EngineClient
+from tinyserve.frontend.engine_link import EngineLink
+from tinyserve.frontend.tokenizer import Tokenizer
+
+CONFIG = web.AppKey("config", Config)
+CLIENT = web.AppKey("engine_client", EngineClient)
+LINK = web.AppKey("engine_link", EngineLink)
+TOKENIZER = web.AppKey("tokenizer", Tokenizer)

@@ -1,0 +1,86 @@
+"""``tinyserve frontend``: run one HTTP frontend process until SIGTERM/SIGINT.
+
+READY=1 goes to the notify socket (systemd or our launcher) only once the site listens AND the
+engine handshake is done, so whoever waits for it can send traffic at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from tinyserve.config import Config, notify_socket
+from tinyserve.frontend.app import build_app
+from tinyserve.frontend.keys import LINK
+from tinyserve.logs import fields, setup_logging
+from tinyserve.sdnotify import Notifier
+
+log = logging.getLogger(__name__)
+
+# Seconds in-flight requests get to finish after a stop signal before their handlers are
+# cancelled (which cancels them in the engine too).
+SHUTDOWN_GRACE_S = 5.0
+
+
+def run(config: Config) -> int:
+    """Serve until stopped; 0 on a clean stop, 1 when start-up failed."""
+    setup_logging(config, "frontend")
+    return asyncio.run(_serve(config))
+
+
+async def _serve(config: Config) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    notifier = Notifier(notify_socket())
+    app = build_app(config)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S)
+    try:
+        await runner.setup()
+        url = await _listen(runner, config)
+        if not await _wait_for_engine(app, stop, config.ready_timeout):
+            return 0 if stop.is_set() else 1
+        notifier.ready(f"serving on {url}")
+        log.info("ready", extra=fields(url=url))
+        await stop.wait()
+        log.info("stopping")
+        notifier.stopping()
+        return 0
+    except OSError as exc:
+        log.error("cannot listen", extra=fields(host=config.host, port=config.port, error=str(exc)))
+        return 1
+    finally:
+        await runner.cleanup()
+        notifier.close()
+
+
+async def _listen(runner: web.AppRunner, config: Config) -> str:
+    """Start the TCP site (shared port via SO_REUSEPORT); returns the URL it listens on."""
+    site = web.TCPSite(runner, config.host, config.port, reuse_port=True)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    url = f"http://{host}:{port}"
+    log.info("listening", extra=fields(url=url))
+    return url
+
+
+async def _wait_for_engine(app: web.Application, stop: asyncio.Event, timeout_s: int) -> bool:
+    """Wait for the first engine handshake; False on timeout or a stop signal."""
+    serving = asyncio.ensure_future(app[LINK].serving.wait())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait(
+            {serving, stopping}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        serving.cancel()
+        stopping.cancel()
+    if app[LINK].serving.is_set():
+        return True
+    if not stop.is_set():
+        log.error("no engine handshake in time", extra=fields(timeout_s=timeout_s))
+    return False

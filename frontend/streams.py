@@ -1,0 +1,138 @@
+"""Per-request streams: the engine's ``RequestUpdate``s for one request, in order, decoded.
+
+The listener task calls ``deliver`` (never blocks); the handler awaits ``acknowledged`` and then
+iterates ``pieces()``. A stream always ends with exactly one ``Finish``: the engine's, or one
+made up here when an update went missing (sequence gap) or the engine went away, so a handler
+never waits for an update that will not come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tinyserve import protocol
+from tinyserve.logs import fields
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Finish:
+    """How a request ended. ``engine_down``: the engine died or restarted under it."""
+
+    reason: str
+    detail: str = ""
+    prompt_tokens: int = 0
+    timeline: dict[str, Any] | None = None
+    engine_down: bool = False
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One step of a request's output: decoded text, how many tokens made it, maybe the end."""
+
+    text: str
+    tokens: int = 0
+    events: list[protocol.Event] = field(default_factory=list)
+    finish: Finish | None = None
+
+
+class RequestStream:
+    """Updates of one request, checked for gaps and decoded incrementally as UTF-8."""
+
+    def __init__(self, request_id: str, blocks: int) -> None:
+        self.request_id = request_id
+        self.blocks = blocks  # worst-case KV blocks: counted as pending until acknowledged
+        self.accepted = False
+        self.finished = False  # no more updates will be delivered
+        self._next_seq = 0
+        self._queue: asyncio.Queue[protocol.RequestUpdate | Finish] = asyncio.Queue()
+        self._acknowledged = asyncio.Event()
+        self._early_finish: Finish | None = None
+        # "replace": a token whose bytes are not UTF-8 at all becomes U+FFFD, but a character
+        # split across updates is held back until complete and comes out whole.
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    @property
+    def pending(self) -> bool:
+        """Sent to the engine, neither accepted nor finished yet."""
+        return not self._acknowledged.is_set()
+
+    def deliver(self, update: protocol.RequestUpdate) -> None:
+        """Queue one update from the engine; a sequence gap ends the stream with an error."""
+        if self.finished:
+            return
+        if update.seq != self._next_seq:
+            detail = f"lost engine output (update {self._next_seq} missing, got {update.seq})"
+            log.error("sequence gap", extra=fields(request_id=self.request_id, detail=detail))
+            self.fail(detail)
+            return
+        self._next_seq += 1
+        # Accepted and finished may arrive in one update (a short request): accepted first.
+        if update.token_ids or update.text or _has_event(update, protocol.EVENT_ACCEPTED):
+            self.accepted = True
+        if update.finish_reason is not None:
+            self.finished = True
+            if not self.accepted:
+                self._early_finish = _finish_of(update)
+        self._queue.put_nowait(update)
+        if self.accepted or self.finished:
+            self._acknowledged.set()
+
+    def fail(self, detail: str, *, engine_down: bool = False) -> None:
+        """End the stream with an error that did not come from the engine's own output."""
+        if self.finished:
+            return
+        self.finished = True
+        finish = Finish(protocol.FINISH_ERROR, detail, engine_down=engine_down)
+        if not self.accepted:
+            self._early_finish = finish
+        self._queue.put_nowait(finish)
+        self._acknowledged.set()
+
+    async def acknowledged(self) -> Finish | None:
+        """Wait until the engine accepted the request or it ended; returns the ``Finish`` when it
+        ended before being accepted (rejected, failed), so the reply can still be an HTTP error."""
+        await self._acknowledged.wait()
+        return self._early_finish
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """Decoded output up to and including the one piece that carries the ``Finish``."""
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, Finish):
+                self._drop_partial_character()
+                yield Piece("", finish=item)
+                return
+            finish = _finish_of(item) if item.finish_reason is not None else None
+            text = self._decoder.decode(item.text)
+            if finish is not None:
+                self._drop_partial_character()
+            yield Piece(text, len(item.token_ids), item.events, finish)
+            if finish is not None:
+                return
+
+    def _drop_partial_character(self) -> None:
+        # Output cut mid-character (max_tokens, cancel): dropping the incomplete tail beats
+        # ending the text with U+FFFD.
+        pending, _ = self._decoder.getstate()
+        if pending:
+            log.debug(
+                "dropping incomplete UTF-8 tail",
+                extra=fields(request_id=self.request_id, bytes=len(pending)),
+            )
+        self._decoder.reset()
+
+
+def _has_event(update: protocol.RequestUpdate, kind: str) -> bool:
+    return any(event.kind == kind for event in update.events)
+
+
+def _finish_of(update: protocol.RequestUpdate) -> Finish:
+    assert update.finish_reason is not None
+    return Finish(update.finish_reason, update.detail, update.prompt_tokens, update.timeline)

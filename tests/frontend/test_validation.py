@@ -1,0 +1,188 @@
+"""The /generate request contract: every rule of validation.py, one case at a time."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tinyserve.config import build_config
+from tinyserve.frontend.api_errors import ApiError
+from tinyserve.frontend.validation import (
+    GenerateRequest,
+    check_prompt_fits,
+    parse_generate,
+)
+
+CONFIG = build_config({"max_tokens_limit": 512, "default_max_tokens": 32}, environ={})
+
+
+def parse(body: Any) -> GenerateRequest:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return parse_generate(raw, CONFIG)
+
+
+def rejected(body: Any) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        parse(body)
+    assert info.value.status == 400
+    assert info.value.type == "invalid_request"
+    return info.value
+
+
+def test_defaults() -> None:
+    req = parse({"prompt": "hi"})
+    assert req == GenerateRequest(prompt="hi", max_tokens=32)
+    assert (req.stream, req.temperature, req.top_p, req.top_k) == (False, 0.0, 1.0, 0)
+    assert (req.seed, req.stop, req.priority, req.tenant, req.timeline) == (
+        None,
+        [],
+        0,
+        "default",
+        False,
+    )
+
+
+def test_every_field() -> None:
+    req = parse(
+        {
+            "prompt": "hi",
+            "max_tokens": 512,
+            "stream": True,
+            "temperature": 2,
+            "top_p": 0.5,
+            "top_k": 40,
+            "seed": 7,
+            "stop": ["\n", "END"],
+            "priority": -10,
+            "tenant": "team-a.b_c",
+            "timeline": True,
+        }
+    )
+    assert req.max_tokens == 512 and req.stream and req.timeline
+    assert req.temperature == 2.0 and isinstance(req.temperature, float)
+    assert (req.top_p, req.top_k, req.seed, req.priority) == (0.5, 40, 7, -10)
+    assert req.stop == ["\n", "END"] and req.tenant == "team-a.b_c"
+
+
+def test_stop_string_becomes_list() -> None:
+    assert parse({"prompt": "x", "stop": "###"}).stop == ["###"]
+
+
+def test_null_means_default() -> None:
+    req = parse({"prompt": "x", "max_tokens": None, "stream": None, "seed": None})
+    assert (req.max_tokens, req.stream, req.seed) == (32, False, None)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"{", b"not json", b"\xff\xfe", b"[" * 100_000 + b"]" * 100_000],
+    ids=["empty", "truncated", "text", "not-utf8", "deeply-nested"],
+)
+def test_malformed_json(body: bytes) -> None:
+    assert "JSON" in rejected(body).message
+
+
+@pytest.mark.parametrize("body", [[], "prompt", 3, None, True])
+def test_body_not_an_object(body: Any) -> None:
+    assert "object" in rejected(body).message
+
+
+def test_unknown_field_is_named() -> None:
+    assert "'temprature'" in rejected({"prompt": "x", "temprature": 1}).message
+
+
+@pytest.mark.parametrize("prompt", [None, "", 5, ["a"], {"a": 1}, True])
+def test_bad_prompt(prompt: Any) -> None:
+    body = {"prompt": prompt} if prompt is not None else {}
+    assert "'prompt'" in rejected(body).message
+
+
+def test_lone_surrogate_prompt() -> None:
+    assert "'prompt'" in rejected(b'{"prompt": "a\\ud800b"}').message
+
+
+BAD_VALUES = [
+    ("max_tokens", 0),
+    ("max_tokens", -1),
+    ("max_tokens", 513),
+    ("max_tokens", 1.0),
+    ("max_tokens", True),
+    ("max_tokens", "5"),
+    ("stream", 1),
+    ("stream", "true"),
+    ("temperature", -0.1),
+    ("temperature", 2.01),
+    ("temperature", "1"),
+    ("temperature", True),
+    ("temperature", 10**400),
+    ("top_p", 0),
+    ("top_p", 1.5),
+    ("top_p", -0.2),
+    ("top_p", False),
+    ("top_k", -1),
+    ("top_k", 1.5),
+    ("top_k", True),
+    ("seed", -1),
+    ("seed", 2**32),
+    ("seed", 1.0),
+    ("seed", "1"),
+    ("seed", False),
+    ("stop", 5),
+    ("stop", [""]),
+    ("stop", ["x" * 65]),
+    ("stop", ["a", "b", "c", "d", "e"]),
+    ("stop", ["a", 1]),
+    ("stop", {"a": 1}),
+    ("priority", 11),
+    ("priority", -11),
+    ("priority", 1.0),
+    ("priority", True),
+    ("tenant", ""),
+    ("tenant", "a" * 65),
+    ("tenant", "has space"),
+    ("tenant", "slash/y"),
+    ("tenant", "ünïcode"),
+    ("tenant", 5),
+    ("timeline", "yes"),
+    ("timeline", 0),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_VALUES)
+def test_bad_field_value(name: str, value: Any) -> None:
+    assert repr(name) in rejected({"prompt": "x", name: value}).message
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_finite_temperature(literal: bytes) -> None:
+    # Python's json module accepts these literals; the API must not.
+    rejected(b'{"prompt": "x", "temperature": ' + literal + b"}")
+
+
+def test_stop_surrogate() -> None:
+    assert "'stop'" in rejected(b'{"prompt": "x", "stop": ["\\udfff"]}').message
+
+
+def test_edge_values_accepted() -> None:
+    req = parse({"prompt": "x", "max_tokens": 1, "top_p": 1, "seed": 2**32 - 1, "priority": 10})
+    assert (req.max_tokens, req.top_p, req.seed, req.priority) == (1, 1.0, 2**32 - 1, 10)
+    assert parse({"prompt": "x", "stop": ["y" * 64] * 4}).stop == ["y" * 64] * 4
+    assert parse({"prompt": "x", "stop": []}).stop == []
+    assert parse({"prompt": "x", "tenant": "a" * 64}).tenant == "a" * 64
+
+
+def test_prompt_of_zero_tokens() -> None:
+    with pytest.raises(ApiError) as info:
+        check_prompt_fits(0, 10, 100)
+    assert info.value.status == 400 and info.value.type == "invalid_request"
+
+
+def test_context_length_exceeded() -> None:
+    check_prompt_fits(90, 10, 100)
+    with pytest.raises(ApiError) as info:
+        check_prompt_fits(91, 10, 100)
+    assert info.value.status == 400
+    assert info.value.type == "context_length_exceeded"
+    assert "100" in info.value.message
