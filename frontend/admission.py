@@ -67,8 +67,11 @@ def retry_after_s(requests_ahead: int, drain_rate: float) -> int:
     if drain_rate <= 0:
         # Nothing finished recently: no basis for a short estimate.
         return RETRY_MAX_S
-    seconds = math.ceil(max(requests_ahead, 1) / drain_rate)
-    return min(max(seconds, RETRY_MIN_S), RETRY_MAX_S)
+    seconds = max(requests_ahead, 1) / drain_rate
+    # Compare before ceil(): a tiny rate gives inf, which has no integer ceiling.
+    if seconds >= RETRY_MAX_S:
+        return RETRY_MAX_S
+    return max(math.ceil(seconds), RETRY_MIN_S)
 
 
 def admit(prompt_tokens: int, max_tokens: int, limits: Limits, load: Load) -> Rejection | None:
