@@ -90,6 +90,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("runtime_dir", str, None, "directory for ipc sockets and the board (mode 0700)", _ALL),
     Option("log_level", str, "info", "logging level", _ALL, ("debug", "info", "warning", "error")),
     Option("log_format", str, "text", "log line format", _ALL, ("text", "json")),
+    Option("drain_timeout", _nnfloat, 30.0, "seconds to finish in-flight work on SIGTERM", _ALL),
     # engine
     Option("slots", _pint, 8, "concurrent sequences decoded together", _ENG),
     Option("ctx", _pint, 4096, "context size in tokens (KV cells shared by all sequences)", _ENG),
@@ -137,6 +138,7 @@ class Config:
     default_max_tokens: int
     ready_timeout: int
     frontends: int
+    drain_timeout: float
 
     @property
     def engine_in(self) -> str:

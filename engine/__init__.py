@@ -1,0 +1,1 @@
+"""The engine process: the one process that owns llama.cpp and schedules every sequence."""

@@ -1,0 +1,264 @@
+"""The engine's logic, free of sockets: accept, schedule, batch, decode, sample, report.
+
+``EngineCore.step`` is one tick and reads as its steps. Tests drive it in-process with the
+real model; ``proc.py`` wraps it with ZeroMQ and the board.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tinyserve.config import Config
+from tinyserve.engine.outbox import Outbox
+from tinyserve.engine.policies import Policy, make_policy
+from tinyserve.engine.runtime import LlamaRuntime, Sampler
+from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.logs import fields
+from tinyserve.protocol import (
+    EVENT_ACCEPTED,
+    EVENT_FINISHED,
+    EVENT_PREFILL,
+    EVENT_SLOT,
+    FINISH_CANCELLED,
+    FINISH_ERROR,
+    FINISH_LENGTH,
+    FINISH_QUEUE_TIMEOUT,
+    FINISH_REJECTED,
+    FINISH_STOP,
+    FINISH_TIMEOUT,
+    REJECT_DRAINING,
+    REJECT_KV_CACHE_FULL,
+    REJECT_QUEUE_FULL,
+    REJECT_TOO_LONG,
+    EngineStats,
+    Submit,
+    TickOutput,
+)
+from tinyserve_native.kv_blocks import BlockAccountant
+
+log = logging.getLogger(__name__)
+
+DRAIN_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """One sequence's share of a tick's batch: ``n_tokens`` rows, logits at ``row`` (or -1)."""
+
+    seq: Sequence
+    n_tokens: int
+    row: int
+
+
+class EngineCore:
+    """All scheduling state of one engine. Single-threaded: only the engine loop calls it."""
+
+    def __init__(
+        self,
+        config: Config,
+        runtime: LlamaRuntime,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.clock = clock
+        self.n_ctx = runtime.n_ctx
+        self.blocks = BlockAccountant(self.n_ctx // config.block_size, config.block_size)
+        self.policy: Policy = make_policy("fifo")
+        self.slots: list[Sequence | None] = [None] * config.slots
+        self.running: list[Sequence] = []  # in slot-grant order: earlier prefills go first
+        self.samplers: dict[int, Sampler] = {}  # by slot
+        self.by_id: dict[str, Sequence] = {}
+        self.outbox = Outbox()
+        self.tick = 0
+        self.draining = False
+        self._arrivals = 0
+        self._finished_at: deque[int] = deque()
+        self._last_batch = (0, 0, 0.0)  # requests, tokens, seconds
+
+    # -- inputs between ticks ---------------------------------------------------------------
+
+    def submit(self, request: Submit) -> None:
+        """Accept ``request`` (reserving its worst-case KV blocks) or reject it at once."""
+        if request.request_id in self.by_id:
+            log.warning("duplicate request id ignored", extra=fields(id=request.request_id))
+            return
+        reason = self._rejection(request)
+        if reason:
+            self.outbox.finish(request, FINISH_REJECTED, reason)
+            return
+        total = len(request.prompt_ids) + request.max_tokens
+        self._arrivals += 1
+        seq = Sequence(
+            request,
+            self.blocks.allocate(self.blocks.blocks_for(total)),
+            self._arrivals,
+            self.clock(),
+        )
+        self.by_id[request.request_id] = seq
+        self.policy.add(seq)
+        self.outbox.event(request, EVENT_ACCEPTED, self.tick, len(seq.blocks))
+
+    def _rejection(self, request: Submit) -> str:
+        total = len(request.prompt_ids) + request.max_tokens
+        need = self.blocks.blocks_for(total)
+        if not request.prompt_ids or total > self.n_ctx or need > self.blocks.total:
+            return REJECT_TOO_LONG
+        if self.draining:
+            return REJECT_DRAINING
+        if len(self.policy) >= self.config.max_queue:
+            return REJECT_QUEUE_FULL
+        if not self.blocks.can_allocate(need):
+            return REJECT_KV_CACHE_FULL
+        return ""
+
+    def cancel(self, request_id: str, reason: str = FINISH_CANCELLED) -> bool:
+        """End a waiting or running request now; unknown ids (already finished) are ignored."""
+        seq = self.by_id.get(request_id)
+        if seq is None:
+            return False
+        self._finish(seq, reason)
+        return True
+
+    def cancel_frontend(self, frontend_id: str) -> int:
+        """End every request of a frontend that went away; returns how many."""
+        gone = [s for s in self.by_id.values() if s.request.frontend_id == frontend_id]
+        for seq in gone:
+            self._finish(seq, FINISH_CANCELLED, "frontend gone")
+        return len(gone)
+
+    # -- one tick ----------------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return bool(self.by_id)
+
+    def step(self) -> list[TickOutput]:
+        """One tick: expire, admit, build one batch, decode it, sample, report."""
+        now = self.clock()
+        self._last_batch = (0, 0, 0.0)
+        self._expire(now)
+        self._admit(now)
+        batch = self._build_batch()
+        if batch:
+            self.tick += 1
+            if self._decode(batch):
+                self._sample(batch, self.clock())
+        return self.outbox.flush(self.stats())
+
+    def _expire(self, now: int) -> None:
+        queue_ns = int(self.config.queue_timeout * 1e9)
+        total_ns = int(self.config.request_timeout * 1e9)
+        for seq in list(self.by_id.values()):
+            age = now - seq.request.arrival_ns
+            if queue_ns and seq.status is Status.WAITING and age > queue_ns:
+                self._finish(seq, FINISH_QUEUE_TIMEOUT)
+            elif total_ns and age > total_ns:
+                self._finish(seq, FINISH_TIMEOUT)
+
+    def _admit(self, now: int) -> None:
+        """Give free slots to waiting requests, in the order the policy chooses."""
+        for slot, holder in enumerate(self.slots):
+            if holder is not None:
+                continue
+            seq = self.policy.pop_next()
+            if seq is None:
+                return
+            seq.status, seq.slot, seq.slot_ns = Status.PREFILL, slot, now
+            self.slots[slot] = seq
+            self.running.append(seq)
+            self.samplers[slot] = self.runtime.new_sampler(seq.request.sampling)
+            self.outbox.event(seq.request, EVENT_SLOT, self.tick + 1, slot)
+
+    def _build_batch(self) -> list[BatchRow]:
+        """Decode rows first (one token each), then prefill chunks within the token budget."""
+        builder = self.runtime.batch
+        builder.clear()
+        rows: list[BatchRow] = []
+        for seq in self.running:
+            if seq.status is Status.DECODE:
+                rows.append(BatchRow(seq, 1, builder.add(seq.last_token, seq.n_past, seq.slot, True)))
+        for seq in self.running:
+            budget = min(self.config.max_batch_tokens, builder.capacity) - builder.n_tokens
+            n = min(seq.prefill_left, self.config.chunk, budget)
+            if n <= 0:
+                continue
+            last = seq.n_past + n == seq.prompt_len
+            row = builder.add_span(seq.request.prompt_ids, seq.n_past, n, seq.n_past, seq.slot, last)
+            rows.append(BatchRow(seq, n, row if last else -1))
+            self.outbox.event(seq.request, EVENT_PREFILL, self.tick + 1, n)
+        return rows
+
+    def _decode(self, batch: list[BatchRow]) -> bool:
+        started = time.perf_counter()
+        status = self.runtime.decode()
+        elapsed = time.perf_counter() - started
+        self._last_batch = (len(batch), sum(r.n_tokens for r in batch), elapsed)
+        if status == 0:
+            return True
+        # A failed decode leaves the batch's KV state undefined: fail just these requests.
+        log.error("llama_decode failed", extra=fields(status=status, rows=len(batch)))
+        for item in batch:
+            self._finish(item.seq, FINISH_ERROR, f"llama_decode returned {status}")
+        return False
+
+    def _sample(self, batch: list[BatchRow], now: int) -> None:
+        for item in batch:
+            seq = item.seq
+            seq.n_past += item.n_tokens
+            self.policy.charge(seq, item.n_tokens)
+            if item.row < 0:
+                continue
+            if seq.status is Status.PREFILL:
+                seq.status, seq.first_token_ns = Status.DECODE, now
+            self._accept_token(seq, self.samplers[seq.slot].sample(self.runtime.ctx, item.row))
+
+    def _accept_token(self, seq: Sequence, token: int) -> None:
+        if self.runtime.is_eog(token):
+            self._finish(seq, FINISH_STOP)
+            return
+        seq.generated += 1
+        seq.last_token = token
+        self.outbox.token(seq.request, token, seq.stops.feed(self.runtime.piece(token)))
+        if seq.stops.stopped:
+            self._finish(seq, FINISH_STOP)
+        elif seq.generated >= seq.request.max_tokens:
+            self._finish(seq, FINISH_LENGTH)
+
+    def _finish(self, seq: Sequence, reason: str, detail: str = "") -> None:
+        if seq.status is Status.WAITING:
+            self.policy.remove(seq)
+        elif seq.status is not Status.FINISHED:
+            self._free_slot(seq)
+        seq.status = Status.FINISHED
+        self.blocks.release_all(seq.blocks)
+        del self.by_id[seq.request_id]
+        self.outbox.text(seq.request, seq.stops.flush())
+        self.outbox.event(seq.request, EVENT_FINISHED, self.tick, seq.generated, reason)
+        self.outbox.finish(seq.request, reason, detail)
+        self._finished_at.append(self.clock())
+
+    def _free_slot(self, seq: Sequence) -> None:
+        self.samplers.pop(seq.slot).free()
+        self.runtime.forget(seq.slot)
+        self.slots[seq.slot] = None
+        self.running.remove(seq)
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def drain_rate(self) -> float:
+        """Requests finished per second over the last ``DRAIN_WINDOW_S`` seconds."""
+        horizon = self.clock() - int(DRAIN_WINDOW_S * 1e9)
+        while self._finished_at and self._finished_at[0] < horizon:
+            self._finished_at.popleft()
+        return len(self._finished_at) / DRAIN_WINDOW_S
+
+    def stats(self) -> EngineStats:
+        requests, tokens, seconds = self._last_batch
+        return EngineStats(
+            self.tick, requests, tokens, seconds, len(self.policy), len(self.running),
+            self.blocks.total, self.blocks.used,
+        )

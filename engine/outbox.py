@@ -1,0 +1,78 @@
+"""Collects what happened to each request during a tick, then packs one message per frontend."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from tinyserve.protocol import EngineStats, Event, RequestUpdate, Submit, TickOutput
+
+
+@dataclass
+class _Draft:
+    frontend_id: str
+    token_ids: list[int] = field(default_factory=list)
+    text: bytearray = field(default_factory=bytearray)
+    events: list[Event] = field(default_factory=list)
+    finish_reason: str | None = None
+    detail: str = ""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class Outbox:
+    """Per-request drafts for the current tick; ``flush`` turns them into ``TickOutput``s.
+
+    Each request's updates are numbered from 0 so its frontend can detect a lost message.
+    """
+
+    def __init__(self) -> None:
+        self._drafts: dict[str, _Draft] = {}
+        self._next_seq: dict[str, int] = {}
+
+    def _draft(self, request: Submit) -> _Draft:
+        draft = self._drafts.get(request.request_id)
+        if draft is None:
+            draft = self._drafts[request.request_id] = _Draft(request.frontend_id)
+        return draft
+
+    def event(self, request: Submit, kind: str, tick: int, value: int = 0, detail: str = "") -> None:
+        self._draft(request).events.append(Event(kind, tick, value, detail))
+
+    def token(self, request: Submit, token_id: int, text: bytes) -> None:
+        draft = self._draft(request)
+        draft.token_ids.append(token_id)
+        draft.text += text
+
+    def text(self, request: Submit, text: bytes) -> None:
+        self._draft(request).text += text
+
+    def finish(
+        self, request: Submit, reason: str, detail: str = "", cached_tokens: int = 0
+    ) -> None:
+        draft = self._draft(request)
+        draft.finish_reason = reason
+        draft.detail = detail
+        draft.prompt_tokens = len(request.prompt_ids)
+        draft.cached_tokens = cached_tokens
+
+    def __bool__(self) -> bool:
+        return bool(self._drafts)
+
+    def flush(self, stats: EngineStats) -> list[TickOutput]:
+        """All drafts of this tick as one ``TickOutput`` per frontend; the outbox empties."""
+        per_frontend: dict[str, list[RequestUpdate]] = defaultdict(list)
+        for request_id, d in self._drafts.items():
+            seq = self._next_seq.get(request_id, 0)
+            if d.finish_reason is None:
+                self._next_seq[request_id] = seq + 1
+            else:
+                self._next_seq.pop(request_id, None)
+            per_frontend[d.frontend_id].append(
+                RequestUpdate(
+                    request_id, seq, d.token_ids, bytes(d.text), d.events, d.finish_reason,
+                    d.detail, d.prompt_tokens, d.cached_tokens,
+                )
+            )
+        self._drafts.clear()
+        return [TickOutput(fid, updates, stats) for fid, updates in per_frontend.items()]

@@ -1,0 +1,269 @@
+"""The engine process: ZeroMQ sockets, the board and signals around ``EngineCore``.
+
+Loop: receive (block only when idle) -> housekeeping -> one core step -> publish.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from types import FrameType
+
+import zmq
+
+from tinyserve.config import Config, notify_socket, watchdog_interval_s
+from tinyserve.engine.core import EngineCore
+from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
+from tinyserve.rundir import prepare_runtime_dir, remove_quietly
+from tinyserve.errors import TinyServeError
+from tinyserve.logs import fields, setup_logging
+from tinyserve.model import model_name, resolve_model_path
+from tinyserve.protocol import (
+    FINISH_ERROR,
+    STATE_DRAINING,
+    STATE_READY,
+    Cancel,
+    Hello,
+    HelloAck,
+    Message,
+    ProtocolError,
+    Submit,
+    TickOutput,
+    decode,
+    encode,
+    topic,
+)
+from tinyserve.sdnotify import Notifier
+from tinyserve_native.board import Board, BoardError
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_MS = 250
+MAX_MESSAGES_PER_TICK = 1024
+REAP_INTERVAL_NS = 1_000_000_000
+PUB_HWM = 100_000  # one message per tick per frontend: hours of backlog before a drop
+
+
+class HeartbeatThread(threading.Thread):
+    """Writes the board heartbeat every 100 ms while the engine loop keeps making progress.
+
+    A separate thread because one decode call can take longer than the frontends' 1 s
+    liveness limit; the loop's own progress stamp still lets a hung loop go silent.
+    """
+
+    def __init__(self, board: Board, stall_limit_s: float = 30.0) -> None:
+        super().__init__(name="heartbeat", daemon=True)
+        self._board = board
+        self._stall_ns = int(stall_limit_s * 1e9)
+        self._stop = threading.Event()
+        self.progress_ns = time.monotonic_ns()
+
+    def run(self) -> None:
+        while not self._stop.wait(0.1):
+            now = time.monotonic_ns()
+            if now - self.progress_ns < self._stall_ns:
+                self._board.heartbeat(now)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(timeout=1.0)
+
+
+class EngineProcess:
+    """Owns the sockets, the board and the core; ``serve`` runs until stopped."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.notifier = Notifier(notify_socket())
+        self.started_ns = time.monotonic_ns()
+        path = resolve_model_path(config.model)
+        self.model_name = model_name(config.model, config.model_name)
+        self.runtime = LlamaRuntime(
+            RuntimeSpec(path, config.ctx, config.slots, config.max_batch_tokens, config.engine_threads)
+        )
+        self.core = EngineCore(config, self.runtime)
+        self.board = Board.create(config.board_path)
+        self.board.set_identity(os.getpid(), self.started_ns)
+        self.heartbeat = HeartbeatThread(self.board)
+        self.zmq = zmq.Context()
+        self.inbox = self.zmq.socket(zmq.PULL)
+        self.outbox = self.zmq.socket(zmq.PUB)
+        self.frontends: dict[str, int] = {}  # frontend id -> pid, from Hello
+        self._stop_at_ns = 0
+        self._next_reap_ns = 0
+        self._next_watchdog_ns = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.inbox.setsockopt(zmq.LINGER, 0)
+        self.outbox.setsockopt(zmq.LINGER, 0)
+        self.outbox.setsockopt(zmq.SNDHWM, PUB_HWM)
+        self.inbox.bind(self.config.engine_in)
+        self.outbox.bind(self.config.engine_out)
+        self.heartbeat.start()
+        self._publish_board(STATE_READY)
+        self.notifier.ready(f"serving {self.model_name}")
+        log.info(
+            "engine ready",
+            extra=fields(model=self.model_name, runtime_dir=self.config.runtime_dir,
+                         blocks=self.core.blocks.total, slots=self.config.slots),
+        )
+
+    def request_stop(self, signum: int, _frame: FrameType | None) -> None:
+        """First signal: drain (finish running work, refuse new). The loop ends when done."""
+        if not self.core.draining:
+            log.info("draining", extra=fields(signal=signal.Signals(signum).name))
+            self.core.draining = True
+            self._stop_at_ns = time.monotonic_ns() + int(self.config.drain_timeout * 1e9)
+            self.notifier.stopping()
+        else:
+            self._stop_at_ns = time.monotonic_ns()
+
+    def close(self) -> None:
+        self.heartbeat.stop()
+        self.inbox.close()
+        self.outbox.close()
+        self.zmq.term()
+        for endpoint in (self.config.engine_in, self.config.engine_out):
+            remove_quietly(endpoint.removeprefix("ipc://"))
+        self.board.close()
+        self.board.unlink()
+        self.runtime.close()
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        while not self._finished():
+            self._receive(block=not self.core.has_work())
+            self._housekeeping()
+            if self.core.has_work() or self.core.outbox:
+                self._publish(self.core.step())
+            self._publish_board(STATE_DRAINING if self.core.draining else STATE_READY)
+            self.heartbeat.progress_ns = time.monotonic_ns()
+        for request_id in list(self.core.by_id):
+            self.core.cancel(request_id, FINISH_ERROR)
+        self._publish(self.core.step())
+
+    def _finished(self) -> bool:
+        if not self.core.draining:
+            return False
+        return not self.core.has_work() or time.monotonic_ns() >= self._stop_at_ns
+
+    def _receive(self, block: bool) -> None:
+        if block and not self.inbox.poll(IDLE_POLL_MS):
+            return
+        for _ in range(MAX_MESSAGES_PER_TICK):
+            try:
+                frame = self.inbox.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._handle(decode(frame))
+            except ProtocolError as exc:
+                log.warning("dropped undecodable message", extra=fields(error=str(exc)))
+
+    def _handle(self, message: Message) -> None:
+        if isinstance(message, Submit):
+            self.core.submit(message)
+        elif isinstance(message, Cancel):
+            self.core.cancel(message.request_id, message.reason)
+        elif isinstance(message, Hello):
+            self._greet(message)
+        else:
+            log.warning("dropped unexpected message", extra=fields(type=type(message).__name__))
+
+    def _greet(self, hello: Hello) -> None:
+        if hello.frontend_id not in self.frontends:
+            log.info("frontend joined", extra=fields(frontend=hello.frontend_id, pid=hello.pid))
+        self.frontends[hello.frontend_id] = hello.pid
+        ack = HelloAck(
+            hello.frontend_id, os.getpid(), self.started_ns, self.model_name, self.core.n_ctx,
+            self.runtime.n_vocab, self.config.slots, self.config.block_size,
+            self.core.blocks.total, self.config.max_queue,
+        )
+        self.outbox.send_multipart([topic(hello.frontend_id), encode(ack)])
+
+    def _publish(self, outputs: list[TickOutput]) -> None:
+        for out in outputs:
+            self.outbox.send_multipart([topic(out.frontend_id), encode(out)])
+
+    # -- housekeeping ------------------------------------------------------------------------
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic_ns()
+        if now >= self._next_watchdog_ns and self.notifier.enabled:
+            interval = watchdog_interval_s()
+            if interval:
+                self.notifier.watchdog()
+                self._next_watchdog_ns = now + int(interval * 1e9)
+        if now >= self._next_reap_ns:
+            self._next_reap_ns = now + REAP_INTERVAL_NS
+            self._reap_frontends()
+
+    def _reap_frontends(self) -> None:
+        """Cancel the work of frontends whose process is gone and free their board slots."""
+        for slot in self.board.frontend_slots():
+            if not _alive(slot.pid):
+                self.board.release_slot(slot.index, slot.pid)
+        for frontend_id, pid in list(self.frontends.items()):
+            if not _alive(pid):
+                del self.frontends[frontend_id]
+                cancelled = self.core.cancel_frontend(frontend_id)
+                log.warning("frontend gone", extra=fields(frontend=frontend_id, cancelled=cancelled))
+
+    def _publish_board(self, state: int) -> None:
+        core = self.core
+        self.board.publish(
+            state=state, slots_total=self.config.slots, running=len(core.running),
+            waiting=len(core.policy), blocks_total=core.blocks.total,
+            blocks_used=core.blocks.used, blocks_cached=core.blocks.cached,
+            max_queue=self.config.max_queue, drain_rate=core.drain_rate(), ticks=core.tick,
+        )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _refuse_if_engine_running(board_path: str) -> None:
+    try:
+        board = Board.attach(board_path)
+    except BoardError:
+        return
+    try:
+        pid = board.snapshot().pid
+    finally:
+        board.close()
+    if pid and pid != os.getpid() and _alive(pid):
+        raise TinyServeError(f"another engine (pid {pid}) is serving from {board_path}")
+
+
+def run(config: Config) -> int:
+    """Entry point of ``tinyserve engine``."""
+    setup_logging(config, "engine")
+    try:
+        prepare_runtime_dir(config.runtime_dir)
+        _refuse_if_engine_running(config.board_path)
+        engine = EngineProcess(config)
+    except TinyServeError as exc:
+        log.error("engine failed to start: %s", exc)
+        return 1
+    signal.signal(signal.SIGTERM, engine.request_stop)
+    signal.signal(signal.SIGINT, engine.request_stop)
+    try:
+        engine.start()
+        engine.serve()
+    finally:
+        engine.close()
+    log.info("engine stopped")
+    return 0

@@ -1,0 +1,166 @@
+"""The engine's only door to llama.cpp: model, context, batch, samplers and KV memory.
+
+Everything here is a thin, typed wrapper over llama-cpp-python's low-level ctypes API, so the
+scheduling code above it can be read (and tested) without knowing ctypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from tinyserve.errors import EngineFatalError, ModelNotFoundError
+from tinyserve.protocol import SamplingParams
+from tinyserve_native.batch_builder import BatchBuilder
+
+log = logging.getLogger(__name__)
+
+# ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation. Its info is our debug.
+_LLAMA_LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}
+_PIECE_BUF = 256
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """What the runtime needs to open a context; derived once from the engine's config."""
+
+    model_path: Path
+    n_ctx: int
+    n_seq_max: int
+    n_batch: int
+    n_threads: int
+
+
+def _route_llama_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    # llama.cpp is chatty at load; keep its lines at debug unless they are warnings or errors.
+    message = text.decode("utf-8", "replace").rstrip()
+    if message:
+        log.log(_LLAMA_LOG_LEVELS.get(level, logging.DEBUG), "%s", message)
+
+
+# NOTE: the callback object must outlive every llama.cpp call, so it lives at module level.
+_LOG_CALLBACK = llama_cpp.llama_log_callback(_route_llama_log)
+
+
+class Sampler:
+    """One llama.cpp sampler chain, owned by one sequence."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int) -> None:
+        chain_params = llama_cpp.llama_sampler_chain_default_params()
+        chain_params.no_perf = True
+        self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
+        if params.presence_penalty or params.frequency_penalty:
+            self._add(
+                llama_cpp.llama_sampler_init_penalties(
+                    n_vocab, 64, 1.0, params.frequency_penalty, params.presence_penalty
+                )
+            )
+        if params.temperature <= 0.0:
+            self._add(llama_cpp.llama_sampler_init_greedy())
+            return
+        if params.top_k > 0:
+            self._add(llama_cpp.llama_sampler_init_top_k(params.top_k))
+        if params.top_p < 1.0:
+            self._add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+        self._add(llama_cpp.llama_sampler_init_temp(params.temperature))
+        seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
+        self._add(llama_cpp.llama_sampler_init_dist(seed))
+
+    def _add(self, sampler: int) -> None:
+        llama_cpp.llama_sampler_chain_add(self._chain, sampler)
+
+    def sample(self, ctx: llama_cpp.llama_context_p, row: int) -> int:
+        """Pick the next token from the logits of batch row ``row`` (also records it)."""
+        return int(llama_cpp.llama_sampler_sample(self._chain, ctx, row))
+
+    def free(self) -> None:
+        if self._chain is not None:
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = None
+
+
+class LlamaRuntime:
+    """The model, one context whose KV cells all sequences share, and one reusable batch."""
+
+    def __init__(self, spec: RuntimeSpec) -> None:
+        llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        self.spec = spec
+        self._model = self._load_model(spec.model_path)
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.ctx = self._new_context(spec)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
+        self._memory = llama_cpp.llama_get_memory(self.ctx)
+        self._batch = llama_cpp.llama_batch_init(spec.n_batch, 0, 1)
+        self.batch = BatchBuilder(ctypes.addressof(self._batch), spec.n_batch)
+        self._piece = ctypes.create_string_buffer(_PIECE_BUF)
+        log.info(
+            "model loaded: %s (n_ctx=%d, n_seq_max=%d, n_batch=%d, threads=%d)",
+            spec.model_path.name, self.n_ctx, spec.n_seq_max, spec.n_batch, spec.n_threads,
+        )
+
+    @staticmethod
+    def _load_model(path: Path) -> llama_cpp.llama_model_p:
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = 0
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not model:
+            raise ModelNotFoundError(f"llama.cpp could not load model file: {path}")
+        return model
+
+    def _new_context(self, spec: RuntimeSpec) -> llama_cpp.llama_context_p:
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = spec.n_ctx
+        params.n_batch = spec.n_batch
+        params.n_ubatch = spec.n_batch
+        params.n_seq_max = spec.n_seq_max
+        # NOTE: one pool of KV cells for all sequences; without it llama.cpp splits n_ctx
+        # evenly per sequence and our block accounting would not match its capacity.
+        params.kv_unified = True
+        params.n_threads = spec.n_threads
+        params.n_threads_batch = spec.n_threads
+        params.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(self._model, params)
+        if not ctx:
+            raise EngineFatalError("llama.cpp could not create a context")
+        return ctx
+
+    def decode(self) -> int:
+        """Run the rows written into ``self.batch``; returns llama_decode's status code."""
+        return int(llama_cpp.llama_decode(self.ctx, self._batch))
+
+    def new_sampler(self, params: SamplingParams) -> Sampler:
+        return Sampler(params, self.n_vocab)
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def piece(self, token: int) -> bytes:
+        """The raw bytes of one token (may be part of a UTF-8 character)."""
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece, _PIECE_BUF, 0, False)
+        if n < 0:
+            raise EngineFatalError(f"token {token} piece longer than {_PIECE_BUF} bytes")
+        return self._piece.raw[:n]
+
+    def logits(self, row: int) -> list[float]:
+        """The logits of one batch row (for tests and diagnostics; copies n_vocab floats)."""
+        ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
+        return list(ptr[: self.n_vocab])
+
+    def forget(self, seq_id: int, start: int = -1, end: int = -1) -> None:
+        """Drop ``seq_id``'s KV cells in ``[start, end)`` (all of them by default)."""
+        llama_cpp.llama_memory_seq_rm(self._memory, seq_id, start, end)
+
+    def share(self, src: int, dst: int, start: int, end: int) -> None:
+        """Let ``dst`` see ``src``'s cells in ``[start, end)`` (no copy in a unified cache)."""
+        llama_cpp.llama_memory_seq_cp(self._memory, src, dst, start, end)
+
+    def close(self) -> None:
+        llama_cpp.llama_batch_free(self._batch)
+        llama_cpp.llama_free(self.ctx)
+        llama_cpp.llama_model_free(self._model)

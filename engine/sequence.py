@@ -1,0 +1,49 @@
+"""One request's life inside the engine, from acceptance to its final update."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from tinyserve.engine.stops import StopMatcher
+from tinyserve.protocol import Submit
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # accepted, blocks reserved, no slot yet
+    PREFILL = "prefill"  # holds a slot, prompt not fully in the KV cache
+    DECODE = "decode"  # generating one token per tick
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Engine-side state of one request. Identity equality: each object is one request."""
+
+    request: Submit
+    blocks: list[int]
+    order: int  # arrival order at the engine, the FIFO tie-breaker
+    accepted_ns: int
+    status: Status = Status.WAITING
+    slot: int = -1
+    n_past: int = 0  # tokens of this sequence already in the KV cache
+    last_token: int = -1
+    generated: int = 0
+    stops: StopMatcher = field(init=False)
+    slot_ns: int = 0
+    first_token_ns: int = 0
+
+    def __post_init__(self) -> None:
+        self.stops = StopMatcher(self.request.sampling.stop)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def prefill_left(self) -> int:
+        return self.prompt_len - self.n_past if self.status is Status.PREFILL else 0

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import llama_cpp
+import pytest
+
+from tinyserve.config import Config, build_config
+from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
+from tinyserve.model import resolve_model_path
+
+# Small enough to be quick, large enough for several sequences at once.
+CORE_SETTINGS: dict[str, Any] = {
+    "ctx": 1024, "slots": 4, "chunk": 32, "max_batch_tokens": 64, "block_size": 16,
+    "max_queue": 8, "threads": 2,
+}
+
+
+def core_config(**overrides: Any) -> Config:
+    return build_config({**CORE_SETTINGS, **overrides}, environ={})
+
+
+@pytest.fixture(scope="session")
+def tokenize() -> Callable[[str], list[int]]:
+    """Text to token ids with the default model's vocabulary (as a frontend would do it)."""
+    vocab = llama_cpp.Llama(str(resolve_model_path(None)), vocab_only=True, verbose=False)
+    return lambda text: vocab.tokenize(text.encode(), add_bos=True, special=True)
+
+
+@pytest.fixture(scope="session")
+def runtime() -> Iterator[LlamaRuntime]:
+    config = core_config()
+    rt = LlamaRuntime(
+        RuntimeSpec(resolve_model_path(None), config.ctx, config.slots, config.max_batch_tokens,
+                    config.engine_threads)
+    )
+    yield rt
+    rt.close()

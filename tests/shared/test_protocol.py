@@ -1,0 +1,71 @@
+"""Every message survives a round trip; anything else is a ProtocolError, never a crash."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tinyserve import protocol as p
+
+SAMPLES: list[p.Message] = [
+    p.Hello("a" * 32, 123),
+    p.Submit(
+        "r1", "f" * 32, [1, 2, 3], p.SamplingParams(0.7, 0.9, 40, 7, ["\n\n", "é"]), 16,
+        priority=3, tenant="team-a", arrival_ns=99, trace_context={"traceparent": "00-x"},
+        want_timeline=True,
+    ),
+    p.Cancel("r1", "f" * 32, p.FINISH_CANCELLED),
+    p.HelloAck("f" * 32, 42, 7, "smol", 4096, 49152, 8, 16, 256, 64),
+    p.TickOutput(
+        "f" * 32,
+        [
+            p.RequestUpdate("r1", 0, [5, 6], b"\xc3", [p.Event(p.EVENT_ACCEPTED, 3, 2)]),
+            p.RequestUpdate("r2", 4, finish_reason=p.FINISH_LENGTH, prompt_tokens=9),
+        ],
+        p.EngineStats(10, 2, 3, 0.05, 1, 2, 256, 12),
+    ),
+]
+
+
+@pytest.mark.parametrize("message", SAMPLES, ids=lambda m: type(m).__name__)
+def test_round_trip(message: p.Message) -> None:
+    assert p.decode(p.encode(message)) == message
+
+
+def test_wrong_version_is_rejected() -> None:
+    frame = msgpack.packb([p.PROTOCOL_VERSION + 1, p.Hello.TAG, "x", 1])
+    with pytest.raises(p.ProtocolError, match="version"):
+        p.decode(frame)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"",
+        b"\xc1",
+        msgpack.packb({"a": 1}),
+        msgpack.packb([p.PROTOCOL_VERSION]),
+        msgpack.packb([p.PROTOCOL_VERSION, 99, 1]),
+        msgpack.packb([p.PROTOCOL_VERSION, p.Hello.TAG, "only-one-field"]),
+        msgpack.packb([p.PROTOCOL_VERSION, p.Submit.TAG, "r", "f", [1], "not-sampling", 1,
+                       0, "t", 0, {}, False]),
+    ],
+)
+def test_malformed_frames_raise_protocol_error(frame: bytes) -> None:
+    with pytest.raises(p.ProtocolError):
+        p.decode(frame)
+
+
+@given(st.binary(max_size=64))
+def test_random_bytes_never_escape_as_other_errors(frame: bytes) -> None:
+    try:
+        p.decode(frame)
+    except p.ProtocolError:
+        pass
+
+
+def test_topics_of_distinct_ids_do_not_prefix_each_other() -> None:
+    a, b = p.topic("0" * 32), p.topic("0" * 31 + "1")
+    assert not a.startswith(b) and not b.startswith(a)
