@@ -74,3 +74,37 @@ class RefAccountant:
             raise ValueError(b)
         self.lru_order.remove(b)
         self.cached_flags[b] = False
+
+
+Row = tuple[int, int, int, bool]  # token, pos, seq_id, logits
+
+
+class RefBatch:
+    """Reference for ``batch_builder.BatchBuilder``: the rows as a list."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.rows: list[Row] = []
+
+    def clear(self) -> None:
+        self.rows = []
+
+    def add(self, token: int, pos: int, seq_id: int, logits: bool) -> int:
+        if pos < 0 or seq_id < 0:
+            raise ValueError("negative")
+        if len(self.rows) >= self.capacity:
+            raise IndexError("full")
+        self.rows.append((token, pos, seq_id, logits))
+        return len(self.rows) - 1
+
+    def add_span(
+        self, tokens: list[int], start: int, count: int, pos0: int, seq_id: int, last: bool
+    ) -> int:
+        if count < 1 or start < 0 or start + count > len(tokens) or pos0 < 0 or seq_id < 0:
+            raise ValueError("bad span")
+        if len(self.rows) + count > self.capacity:
+            raise IndexError("full")
+        span = tokens[start : start + count]
+        self.rows += [(t, pos0 + i, seq_id, False) for i, t in enumerate(span)]
+        self.rows[-1] = (*self.rows[-1][:3], last)
+        return len(self.rows) - 1
