@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from tinyserve import protocol
 from tinyserve.frontend.admission import Load
-from tinyserve_native.board import Board, BoardError
+from tinyserve_native.board import FRONTEND_ID_MAX, Board, BoardError
 
 HEARTBEAT_TIMEOUT_NS = 1_000_000_000
 
@@ -92,4 +92,12 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-__all__ = ["Board", "BoardError", "EngineView", "engine_view", "load_of", "open_board"]
+__all__ = [
+    "FRONTEND_ID_MAX",
+    "Board",
+    "BoardError",
+    "EngineView",
+    "engine_view",
+    "load_of",
+    "open_board",
+]

@@ -117,9 +117,10 @@ class EngineLink:
     async def _handshake(self, view: EngineView) -> bool:
         """Claim a slot and exchange hello/ack; False when the engine went down meanwhile."""
         assert self._board is not None
-        self._slot = self._board.claim_slot(
-            self._client.frontend_id, os.getpid(), time.monotonic_ns()
-        )
+        # The board's id field is one byte short of a uuid4 hex; the slot's id is only a label
+        # (slots are owned and reaped by pid), so a prefix is enough.
+        label = self._client.frontend_id[: board_view.FRONTEND_ID_MAX]
+        self._slot = self._board.claim_slot(label, os.getpid(), time.monotonic_ns())
         handshake = asyncio.ensure_future(self._client.handshake())
         try:
             while not handshake.done():

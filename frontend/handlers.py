@@ -120,7 +120,7 @@ async def _forward(
     finally:
         # Client gone (handler cancelled) or a failure of ours: the engine must not keep
         # generating for nobody. cancel() never waits, so this cannot hang a cancelled task.
-        if not stream.finished:
+        if not stream.engine_finished:
             client.cancel(submit.request_id)
         client.release(submit.request_id)
 

@@ -49,7 +49,8 @@ class RequestStream:
         self.request_id = request_id
         self.blocks = blocks  # worst-case KV blocks: counted as pending until acknowledged
         self.accepted = False
-        self.finished = False  # no more updates will be delivered
+        self.engine_finished = False  # the engine sent this request's final update
+        self._closed = False  # a Finish is queued: later updates are ignored
         self._next_seq = 0
         self._queue: asyncio.Queue[protocol.RequestUpdate | Finish] = asyncio.Queue()
         self._acknowledged = asyncio.Event()
@@ -65,7 +66,7 @@ class RequestStream:
 
     def deliver(self, update: protocol.RequestUpdate) -> None:
         """Queue one update from the engine; a sequence gap ends the stream with an error."""
-        if self.finished:
+        if self._closed:
             return
         if update.seq != self._next_seq:
             detail = f"lost engine output (update {self._next_seq} missing, got {update.seq})"
@@ -77,18 +78,19 @@ class RequestStream:
         if update.token_ids or update.text or _has_event(update, protocol.EVENT_ACCEPTED):
             self.accepted = True
         if update.finish_reason is not None:
-            self.finished = True
+            self.engine_finished = self._closed = True
             if not self.accepted:
                 self._early_finish = _finish_of(update)
         self._queue.put_nowait(update)
-        if self.accepted or self.finished:
+        if self.accepted or self._closed:
             self._acknowledged.set()
 
     def fail(self, detail: str, *, engine_down: bool = False) -> None:
-        """End the stream with an error that did not come from the engine's own output."""
-        if self.finished:
+        """End the stream with an error that did not come from the engine's own output (the
+        engine may still hold the request: ``engine_finished`` stays False)."""
+        if self._closed:
             return
-        self.finished = True
+        self._closed = True
         finish = Finish(protocol.FINISH_ERROR, detail, engine_down=engine_down)
         if not self.accepted:
             self._early_finish = finish

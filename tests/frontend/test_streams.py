@@ -39,7 +39,7 @@ async def test_accepted_then_tokens_then_finish() -> None:
     finish = pieces[-1].finish
     assert finish == Finish(protocol.FINISH_STOP, prompt_tokens=5)
     assert [p.finish for p in pieces[:-1]] == [None, None]
-    assert stream.finished
+    assert stream.engine_finished
 
 
 async def test_rejection_is_an_early_finish() -> None:
@@ -50,7 +50,7 @@ async def test_rejection_is_an_early_finish() -> None:
     early = await stream.acknowledged()
     assert early is not None
     assert (early.reason, early.detail) == (protocol.FINISH_REJECTED, "queue_full")
-    assert not stream.accepted and stream.finished
+    assert not stream.accepted and stream.engine_finished
 
 
 async def test_accepted_and_finished_in_one_update_is_not_early() -> None:
@@ -73,6 +73,7 @@ async def test_gap_ends_the_stream_with_an_error() -> None:
     finish = pieces[-1].finish
     assert finish is not None and finish.reason == protocol.FINISH_ERROR
     assert "update 2 missing" in finish.detail and not finish.engine_down
+    assert not stream.engine_finished  # the engine still holds it: the handler must cancel
     assert [p.finish is not None for p in pieces].count(True) == 1
 
 

@@ -1,0 +1,166 @@
+"""Test harness of the frontend: a stand-in engine (its sockets and board, scripted replies)
+and small waiting helpers.
+
+It speaks the real protocol over real ZeroMQ ipc sockets and writes a real board, so the
+frontend under test runs unchanged; only the model is missing. Each request is answered by
+``FakeEngine.script``: a list of ticks, each a list of ``RequestUpdate`` field dicts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from aiohttp.test_utils import TestClient
+
+from tinyserve import protocol
+from tinyserve.config import Config
+from tinyserve.frontend.keys import LINK
+from tinyserve_native.board import Board
+
+Tick = list[dict[str, Any]]
+Script = Callable[[protocol.Submit], list[Tick]]
+
+N_CTX = 512
+BLOCK_SIZE = 16
+BLOCKS_TOTAL = 32
+MAX_QUEUE = 4
+
+
+def accepted(**fields: Any) -> dict[str, Any]:
+    """An update carrying the ``accepted`` event."""
+    return {"events": [protocol.Event(protocol.EVENT_ACCEPTED, tick=0)], **fields}
+
+
+def default_script(submit: protocol.Submit) -> list[Tick]:
+    """Accept, send "Hello" in two pieces, finish with ``stop``."""
+    return [
+        [accepted()],
+        [{"token_ids": [1], "text": b"Hel"}],
+        [
+            {
+                "token_ids": [2],
+                "text": b"lo",
+                "finish_reason": protocol.FINISH_STOP,
+                "prompt_tokens": len(submit.prompt_ids),
+            }
+        ],
+    ]
+
+
+class FakeEngine:
+    """Binds the engine's sockets, owns a board with a live heartbeat, answers by script."""
+
+    def __init__(self, config: Config, tick_s: float = 0.01) -> None:
+        self.config = config
+        self.tick_s = tick_s
+        self.started_ns = time.monotonic_ns()
+        self.script: Script = default_script
+        self.submits: list[protocol.Submit] = []
+        self.cancels: list[protocol.Cancel] = []
+        self.beating = True
+        self.n_ctx = N_CTX
+        self.board = Board.create(config.board_path)
+        self.board.set_identity(os.getpid(), self.started_ns)
+        self.publish_load()
+        self.board.heartbeat(time.monotonic_ns())
+        self._ctx = zmq.asyncio.Context()
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pub = self._ctx.socket(zmq.PUB)
+        for sock in (self._pull, self._pub):
+            sock.setsockopt(zmq.LINGER, 0)
+        self._pull.bind(config.engine_in)
+        self._pub.bind(config.engine_out)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def publish_load(self, **figures: Any) -> None:
+        values = {
+            "state": protocol.STATE_READY,
+            "slots_total": 4,
+            "running": 0,
+            "waiting": 0,
+            "blocks_total": BLOCKS_TOTAL,
+            "blocks_used": 0,
+            "blocks_cached": 0,
+            "max_queue": MAX_QUEUE,
+            "drain_rate": 1.0,
+            "ticks": 0,
+        }
+        values.update(figures)
+        self.board.publish(**values)
+
+    def start(self) -> FakeEngine:
+        self._tasks = [asyncio.create_task(self._serve()), asyncio.create_task(self._beat())]
+        return self
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._pull.close()
+        self._pub.close()
+        self._ctx.term()
+        self.board.close()
+
+    async def _beat(self) -> None:
+        while True:
+            if self.beating:
+                self.board.heartbeat(time.monotonic_ns())
+            await asyncio.sleep(0.05)
+
+    async def _serve(self) -> None:
+        while True:
+            message = protocol.decode(await self._pull.recv())
+            if isinstance(message, protocol.Hello):
+                await self._send(message.frontend_id, self._ack(message.frontend_id))
+            elif isinstance(message, protocol.Submit):
+                self.submits.append(message)
+                self._tasks.append(asyncio.create_task(self._answer(message)))
+            elif isinstance(message, protocol.Cancel):
+                self.cancels.append(message)
+
+    def _ack(self, frontend_id: str) -> protocol.HelloAck:
+        return protocol.HelloAck(
+            frontend_id, os.getpid(), self.started_ns, "fake", self.n_ctx, 49152, 4,
+            BLOCK_SIZE, BLOCKS_TOTAL, MAX_QUEUE,
+        )  # fmt: skip
+
+    async def _answer(self, submit: protocol.Submit) -> None:
+        seq = 0
+        for tick in self.script(submit):
+            updates = []
+            for fields in tick:
+                seq = fields.pop("seq", seq)
+                updates.append(protocol.RequestUpdate(submit.request_id, seq, **fields))
+                seq += 1
+            stats = protocol.EngineStats(0, len(updates), 1, 0.0, 0, 1, BLOCKS_TOTAL, 0)
+            await self._send(
+                submit.frontend_id, protocol.TickOutput(submit.frontend_id, updates, stats)
+            )
+            await asyncio.sleep(self.tick_s)
+
+    async def _send(self, frontend_id: str, message: protocol.Message) -> None:
+        await self._pub.send_multipart([protocol.topic(frontend_id), protocol.encode(message)])
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Poll ``condition`` until it holds; fails the test after ``timeout_s``."""
+
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), timeout_s)
+
+
+async def wait_serving(client: TestClient[Any, Any], timeout_s: float = 5.0) -> None:
+    """Until the frontend under test finished its handshake with the (fake) engine."""
+    await asyncio.wait_for(client.app[LINK].serving.wait(), timeout_s)
