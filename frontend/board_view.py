@@ -36,10 +36,6 @@ class EngineView:
             return f"engine process {self.pid} is gone"
         return None
 
-    @property
-    def draining(self) -> bool:
-        return self.state == protocol.STATE_DRAINING
-
 
 def open_board(path: str) -> tuple[Board, int]:
     """Attach the board at ``path``; returns it with the file's inode, which changes when the

@@ -55,14 +55,15 @@ class EngineLink:
         return Limits(ack.block_size, ack.blocks_total, ack.max_queue)
 
     def load(self) -> Load | None:
-        """The node's current load from the board, None while not serving."""
+        """The node's current load from the board, None while not serving or unreadable."""
         if self._board is None or not self.serving.is_set():
             return None
-        return board_view.load_of(self._board)
-
-    def draining(self) -> bool:
-        """Whether the engine being served has begun to drain (it takes no new work)."""
-        return self._board is not None and board_view.engine_view(self._board).draining
+        try:
+            return board_view.load_of(self._board)
+        except BoardError as exc:
+            # A seqlock left odd by an engine that died mid-write: the watch loop will notice.
+            log.warning("board unreadable", extra=fields(error=str(exc)))
+            return None
 
     def publish(self) -> None:
         """Write our heartbeat and pending figures to our board slot now (cheap: shared memory),
@@ -70,7 +71,10 @@ class EngineLink:
         if self._board is None or self._slot is None:
             return
         blocks, requests = self._client.pending()
-        self._board.update_slot(self._slot, time.monotonic_ns(), blocks, requests)
+        try:
+            self._board.update_slot(self._slot, time.monotonic_ns(), blocks, requests)
+        except BoardError as exc:
+            log.warning("board slot not writable", extra=fields(error=str(exc), slot=self._slot))
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -84,7 +88,7 @@ class EngineLink:
                     self._lose(reason)
                 self._detach()
         finally:
-            self._lose("frontend stopping")
+            self._lose("frontend stopping", expected=True)
             self._detach()
 
     async def _attach_live_engine(self) -> EngineView:
@@ -170,13 +174,18 @@ class EngineLink:
             return "engine restarted"
         return view.down_reason(time.monotonic_ns())
 
-    def _lose(self, reason: str) -> None:
+    def _lose(self, reason: str, *, expected: bool = False) -> None:
         """Stop serving: every request in flight on the lost engine ends now."""
         was_serving = self.serving.is_set()
         self.serving.clear()
         self.ack = None
         if was_serving:
-            log.error("engine lost", extra=fields(reason=reason, in_flight=self._client.in_flight))
+            level = logging.INFO if expected else logging.ERROR
+            log.log(
+                level,
+                "engine link closed",
+                extra=fields(reason=reason, in_flight=self._client.in_flight),
+            )
         self._client.fail_all(f"{ENGINE_UNAVAILABLE}: {reason}")
 
     def _detach(self) -> None:

@@ -36,11 +36,10 @@ async def health(request: web.Request) -> web.Response:
 async def ready(request: web.Request) -> web.Response:
     """200 once the engine handshake is done and the engine is alive and not draining."""
     link = request.app[LINK]
-    ack = link.ack
-    if ack is None or not link.serving.is_set():
+    ack, load = link.ack, link.load()
+    if ack is None or load is None:
         raise engine_unavailable("engine handshake not done or engine down")
-    if link.draining():
-        load = link.load() or admission.IDLE_LOAD
+    if load.draining:
         raise rejection_error(admission.engine_rejection(admission.REASON_DRAINING, load))
     return web.json_response({"status": "ready", "model": ack.model_name})
 

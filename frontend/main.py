@@ -20,10 +20,6 @@ from tinyserve.sdnotify import Notifier
 
 log = logging.getLogger(__name__)
 
-# Seconds in-flight requests get to finish after a stop signal before their handlers are
-# cancelled (which cancels them in the engine too).
-SHUTDOWN_GRACE_S = 5.0
-
 
 def run(config: Config) -> int:
     """Serve until stopped; 0 on a clean stop, 1 when start-up failed."""
@@ -38,7 +34,9 @@ async def _serve(config: Config) -> int:
         loop.add_signal_handler(signum, stop.set)
     notifier = Notifier(notify_socket())
     app = build_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S)
+    # After a stop signal, in-flight requests get drain_timeout seconds to finish; then their
+    # handlers are cancelled, which cancels them in the engine too.
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=config.drain_timeout)
     try:
         await runner.setup()
         url = await _listen(runner, config)

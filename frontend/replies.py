@@ -9,6 +9,7 @@ A ``"timeline"`` key is added to the final object when the client asked for it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from tinyserve.frontend import admission
 from tinyserve.frontend.admission import Load, Rejection
 from tinyserve.frontend.api_errors import (
     ENGINE_ERROR,
+    INTERNAL_ERROR,
     REASON_ENGINE_UNAVAILABLE,
     ApiError,
     too_long,
@@ -106,6 +108,7 @@ async def sse_reply(
     response = web.StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
     await response.prepare(request)
     tokens = 0
+    final_sent = False
     try:
         async for piece in stream.pieces():
             tokens += piece.tokens
@@ -113,11 +116,31 @@ async def sse_reply(
                 await response.write(_event({"id": ctx.request_id, "text": piece.text}))
             if piece.finish is not None:
                 await response.write(_event(_final_event(ctx, piece.finish, tokens)))
+                final_sent = True
         await response.write_eof()
     except ConnectionResetError:
         # The client is gone; the handler's cleanup cancels the request in the engine.
         log.info("client went away mid-stream", extra=fields(request_id=ctx.request_id))
+    except Exception:
+        # A bug of ours after the headers went out: still end with the one final event.
+        log.exception("stream failed", extra=fields(request_id=ctx.request_id))
+        if not final_sent:
+            await _write_internal_error(response, ctx, tokens)
     return response
+
+
+async def _write_internal_error(
+    response: web.StreamResponse, ctx: ReplyContext, tokens: int
+) -> None:
+    event = {
+        "id": ctx.request_id,
+        "error": {"type": INTERNAL_ERROR, "message": "internal server error"},
+        "finish_reason": protocol.FINISH_ERROR,
+        "usage": {"prompt_tokens": ctx.prompt_tokens, "completion_tokens": tokens},
+    }
+    with contextlib.suppress(ConnectionResetError):
+        await response.write(_event(event))
+        await response.write_eof()
 
 
 def _final_event(ctx: ReplyContext, finish: Finish, tokens: int) -> dict[str, Any]:

@@ -163,6 +163,16 @@ async def test_kv_cache_full_is_rejected_before_the_engine(
     assert engine.submits == []
 
 
+async def test_draining_engine_is_not_ready(served: Client, engine: FakeEngine) -> None:
+    engine.publish_load(state=protocol.STATE_DRAINING, running=2, drain_rate=1.0)
+    ready = await served.get("/ready")
+    assert (await error_of(ready, 503))["reason"] == "draining"
+    response = await served.post("/generate", json={"prompt": "Hi"})
+    assert (await error_of(response, 503))["reason"] == "draining"
+    assert response.headers["Retry-After"] == "2"
+    assert engine.submits == []
+
+
 async def test_engine_rejection_is_a_503(served: Client, engine: FakeEngine) -> None:
     engine.script = lambda submit: [
         [{"finish_reason": protocol.FINISH_REJECTED, "detail": protocol.REJECT_KV_CACHE_FULL}]
@@ -260,3 +270,19 @@ async def test_pending_counts_until_accepted(served: Client, engine: FakeEngine)
     request.cancel()
     await until(lambda: len(engine.cancels) == 1)
     assert served.app[CLIENT].pending() == (0, 0)
+
+
+async def test_malformed_update_mid_stream_still_ends_with_one_final_event(
+    served: Client, engine: FakeEngine
+) -> None:
+    # A str where the protocol says bytes: the frontend fails, the client still gets an end.
+    engine.script = lambda submit: [
+        [accepted(token_ids=[1], text=b"a")],
+        [{"token_ids": [2], "text": "not bytes"}],
+        [{"finish_reason": protocol.FINISH_STOP}],
+    ]
+    response = await served.post("/generate", json={"prompt": "Hi", "stream": True})
+    events = await sse_events(response)
+    assert [e.get("finish_reason") for e in events] == [None, "error"]
+    assert events[-1]["error"]["type"] == "internal_error"
+    await until(lambda: len(engine.cancels) == 1)
