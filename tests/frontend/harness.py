@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import zmq
@@ -151,12 +152,19 @@ class FakeEngine:
         await self._pub.send_multipart([protocol.topic(frontend_id), protocol.encode(message)])
 
 
-async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Poll ``condition`` until it holds; fails the test after ``timeout_s``."""
+async def until(
+    condition: Callable[[], bool | Awaitable[bool]], timeout_s: float = 5.0, every_s: float = 0.01
+) -> None:
+    """Poll ``condition`` (plain or async) until it holds; fails the test after ``timeout_s``."""
 
     async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.01)
+        while True:
+            result = condition()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return
+            await asyncio.sleep(every_s)
 
     await asyncio.wait_for(poll(), timeout_s)
 
