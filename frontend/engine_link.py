@@ -82,14 +82,26 @@ class EngineLink:
         """Connect, serve, and reconnect after every engine loss, until cancelled."""
         try:
             while True:
-                view = await self._attach_live_engine()
-                if await self._handshake(view):
-                    reason = await self._watch()
-                    self._lose(reason)
+                try:
+                    reason = await self._serve_one_engine()
+                except BoardError as exc:
+                    # No free slot, or a board that went bad under us: retry, never give up,
+                    # or this frontend would answer 503 for the rest of its life.
+                    log.error("board error", extra=fields(error=str(exc)))
+                    reason = f"board error: {exc}"
+                self._lose(reason)
                 self._detach()
+                await asyncio.sleep(TICK_S)
         finally:
             self._lose("frontend stopping", expected=True)
             self._detach()
+
+    async def _serve_one_engine(self) -> str:
+        """Attach, handshake and watch one engine incarnation; returns why it ended."""
+        view = await self._attach_live_engine()
+        if not await self._handshake(view):
+            return "handshake abandoned"
+        return await self._watch()
 
     async def _attach_live_engine(self) -> EngineView:
         """Attach the current board file and wait until its engine is alive."""

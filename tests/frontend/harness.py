@@ -58,7 +58,7 @@ def default_script(submit: protocol.Submit) -> list[Tick]:
 class FakeEngine:
     """Binds the engine's sockets, owns a board with a live heartbeat, answers by script."""
 
-    def __init__(self, config: Config, tick_s: float = 0.01) -> None:
+    def __init__(self, config: Config, tick_s: float = 0.01, frontend_slots: int = 64) -> None:
         self.config = config
         self.tick_s = tick_s
         self.started_ns = time.monotonic_ns()
@@ -67,7 +67,7 @@ class FakeEngine:
         self.cancels: list[protocol.Cancel] = []
         self.beating = True
         self.n_ctx = N_CTX
-        self.board = Board.create(config.board_path)
+        self.board = Board.create(config.board_path, frontend_slots)
         self.board.set_identity(os.getpid(), self.started_ns)
         self.publish_load()
         self.board.heartbeat(time.monotonic_ns())

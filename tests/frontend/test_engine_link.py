@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
@@ -30,6 +32,19 @@ async def test_engine_appearing_later_is_picked_up(config: Config, client: Clien
         await wait_serving(client)
         assert (await client.get("/ready")).status == 200
         assert (await client.post("/generate", json={"prompt": "Hi"})).status == 200
+    finally:
+        await engine.stop()
+
+
+async def test_no_free_slot_is_retried(config: Config, client: Client) -> None:
+    engine = FakeEngine(config, frontend_slots=1).start()
+    try:
+        taken = engine.board.claim_slot("someone-else", os.getpid(), time.monotonic_ns())
+        await asyncio.sleep(0.6)
+        assert (await client.get("/ready")).status == 503
+        engine.board.release_slot(taken, os.getpid())
+        await wait_serving(client)
+        assert (await client.get("/ready")).status == 200
     finally:
         await engine.stop()
 
