@@ -41,7 +41,6 @@ class EngineClient:
     def __init__(self, config: Config, frontend_id: str | None = None) -> None:
         # Fixed-length hex: no frontend's topic is a prefix of another's.
         self.frontend_id = frontend_id or uuid.uuid4().hex
-        self.last_stats: protocol.EngineStats | None = None
         self._ctx = zmq.asyncio.Context()
         self._push = zmq.Socket(self._ctx, zmq.PUSH)
         self._push.setsockopt(zmq.SNDHWM, SEND_HWM)
@@ -145,7 +144,6 @@ class EngineClient:
 
     def _dispatch(self, message: protocol.Message) -> None:
         if isinstance(message, protocol.TickOutput):
-            self.last_stats = message.stats
             for update in message.updates:
                 stream = self._streams.get(update.request_id)
                 if stream is not None:
