@@ -15,6 +15,10 @@ from tinyserve import protocol
 
 RETRY_MIN_S = 1
 RETRY_MAX_S = 60
+# Drain rate assumed while none is known (nothing finished within the engine's window: a cold
+# start, or only long requests running). It errs towards an early retry, which costs the
+# client one more 503 that carries a fresh estimate, over a minute of idling.
+PRIOR_DRAIN_RATE = 1.0
 # No restart time is known when the engine is down; a few seconds keeps clients from hammering.
 ENGINE_DOWN_RETRY_S = 5
 REASON_DRAINING = protocol.REJECT_DRAINING
@@ -64,10 +68,8 @@ def blocks_needed(tokens: int, block_size: int) -> int:
 
 def retry_after_s(requests_ahead: int, drain_rate: float) -> int:
     """Seconds until ``requests_ahead`` requests have left at the recent ``drain_rate``."""
-    if drain_rate <= 0:
-        # Nothing finished recently: no basis for a short estimate.
-        return RETRY_MAX_S
-    seconds = max(requests_ahead, 1) / drain_rate
+    rate = drain_rate if drain_rate > 0 else PRIOR_DRAIN_RATE
+    seconds = max(requests_ahead, 1) / rate
     # Compare before ceil(): a tiny rate gives inf, which has no integer ceiling.
     if seconds >= RETRY_MAX_S:
         return RETRY_MAX_S

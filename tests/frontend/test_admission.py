@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from tinyserve import protocol
 from tinyserve.frontend.admission import (
+    PRIOR_DRAIN_RATE,
     RETRY_MAX_S,
     RETRY_MIN_S,
     Limits,
@@ -84,7 +85,13 @@ def test_retry_after_is_clamped() -> None:
     assert retry_after_s(1, 100.0) == RETRY_MIN_S
     assert retry_after_s(0, 5.0) == RETRY_MIN_S
     assert retry_after_s(1000, 1.0) == RETRY_MAX_S
-    assert retry_after_s(1, 0.0) == RETRY_MAX_S  # nothing finished lately: no basis to be brief
+
+
+def test_retry_after_without_a_drain_rate_assumes_the_prior() -> None:
+    # Nothing finished lately (cold start): still proportional to the queue ahead.
+    assert retry_after_s(1, 0.0) == 1
+    assert retry_after_s(7, 0.0) == round(7 / PRIOR_DRAIN_RATE)
+    assert retry_after_s(1000, 0.0) == RETRY_MAX_S
 
 
 def test_queue_full_retry_after_grows_with_the_queue_ahead() -> None:
