@@ -13,6 +13,7 @@ import signal
 from aiohttp import web
 
 from tinyserve.config import Config, notify_socket
+from tinyserve.errors import TinyServeError
 from tinyserve.frontend.app import build_app
 from tinyserve.frontend.keys import LINK
 from tinyserve.logs import fields, setup_logging
@@ -48,6 +49,9 @@ async def _serve(config: Config) -> int:
         log.info("stopping")
         notifier.stopping()
         return 0
+    except TinyServeError as exc:
+        log.error("frontend failed to start: %s", exc)
+        return 1
     except OSError as exc:
         log.error("cannot listen", extra=fields(host=config.host, port=config.port, error=str(exc)))
         return 1

@@ -84,3 +84,14 @@ async def test_ready_after_handshake_and_clean_stop(config: Config, tmp_path: Pa
         if engine is not None:
             await engine.stop()
         notify.close()
+
+
+async def test_missing_model_fails_fast(tmp_path: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tinyserve.cli", "frontend", "--runtime-dir", str(tmp_path),
+        "--port", str(free_port()), "--model", str(tmp_path / "absent.gguf"),
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1
+    assert b"absent.gguf" in stderr and b"Traceback" not in stderr
