@@ -180,14 +180,18 @@ class EngineCore:
         rows: list[BatchRow] = []
         for seq in self.running:
             if seq.status is Status.DECODE:
-                rows.append(BatchRow(seq, 1, builder.add(seq.last_token, seq.n_past, seq.slot, True)))
+                rows.append(
+                    BatchRow(seq, 1, builder.add(seq.last_token, seq.n_past, seq.slot, True))
+                )
         for seq in self.running:
             budget = min(self.config.max_batch_tokens, builder.capacity) - builder.n_tokens
             n = min(seq.prefill_left, self.config.chunk, budget)
             if n <= 0:
                 continue
             last = seq.n_past + n == seq.prompt_len
-            row = builder.add_span(seq.request.prompt_ids, seq.n_past, n, seq.n_past, seq.slot, last)
+            row = builder.add_span(
+                seq.request.prompt_ids, seq.n_past, n, seq.n_past, seq.slot, last
+            )
             rows.append(BatchRow(seq, n, row if last else -1))
             self.outbox.event(seq.request, EVENT_PREFILL, self.tick + 1, n)
         return rows
@@ -259,6 +263,12 @@ class EngineCore:
     def stats(self) -> EngineStats:
         requests, tokens, seconds = self._last_batch
         return EngineStats(
-            self.tick, requests, tokens, seconds, len(self.policy), len(self.running),
-            self.blocks.total, self.blocks.used,
+            self.tick,
+            requests,
+            tokens,
+            seconds,
+            len(self.policy),
+            len(self.running),
+            self.blocks.total,
+            self.blocks.used,
         )

@@ -36,7 +36,9 @@ class Outbox:
             draft = self._drafts[request.request_id] = _Draft(request.frontend_id)
         return draft
 
-    def event(self, request: Submit, kind: str, tick: int, value: int = 0, detail: str = "") -> None:
+    def event(
+        self, request: Submit, kind: str, tick: int, value: int = 0, detail: str = ""
+    ) -> None:
         self._draft(request).events.append(Event(kind, tick, value, detail))
 
     def token(self, request: Submit, token_id: int, text: bytes) -> None:
@@ -70,8 +72,15 @@ class Outbox:
                 self._next_seq.pop(request_id, None)
             per_frontend[d.frontend_id].append(
                 RequestUpdate(
-                    request_id, seq, d.token_ids, bytes(d.text), d.events, d.finish_reason,
-                    d.detail, d.prompt_tokens, d.cached_tokens,
+                    request_id,
+                    seq,
+                    d.token_ids,
+                    bytes(d.text),
+                    d.events,
+                    d.finish_reason,
+                    d.detail,
+                    d.prompt_tokens,
+                    d.cached_tokens,
                 )
             )
         self._drafts.clear()

@@ -17,10 +17,10 @@ import zmq
 from tinyserve.config import Config, notify_socket, watchdog_interval_s
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
-from tinyserve.rundir import prepare_runtime_dir, remove_quietly
 from tinyserve.errors import TinyServeError
 from tinyserve.logs import fields, setup_logging
 from tinyserve.model import model_name, resolve_model_path
+from tinyserve.procs import pid_alive
 from tinyserve.protocol import (
     FINISH_ERROR,
     STATE_DRAINING,
@@ -36,6 +36,7 @@ from tinyserve.protocol import (
     encode,
     topic,
 )
+from tinyserve.rundir import prepare_runtime_dir, remove_quietly
 from tinyserve.sdnotify import Notifier
 from tinyserve_native.board import Board, BoardError
 
@@ -58,17 +59,17 @@ class HeartbeatThread(threading.Thread):
         super().__init__(name="heartbeat", daemon=True)
         self._board = board
         self._stall_ns = int(stall_limit_s * 1e9)
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.progress_ns = time.monotonic_ns()
 
     def run(self) -> None:
-        while not self._stop.wait(0.1):
+        while not self._halt.wait(0.1):
             now = time.monotonic_ns()
             if now - self.progress_ns < self._stall_ns:
                 self._board.heartbeat(now)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=1.0)
 
 
@@ -82,7 +83,9 @@ class EngineProcess:
         path = resolve_model_path(config.model)
         self.model_name = model_name(config.model, config.model_name)
         self.runtime = LlamaRuntime(
-            RuntimeSpec(path, config.ctx, config.slots, config.max_batch_tokens, config.engine_threads)
+            RuntimeSpec(
+                path, config.ctx, config.slots, config.max_batch_tokens, config.engine_threads
+            )
         )
         self.core = EngineCore(config, self.runtime)
         self.board = Board.create(config.board_path)
@@ -109,8 +112,12 @@ class EngineProcess:
         self.notifier.ready(f"serving {self.model_name}")
         log.info(
             "engine ready",
-            extra=fields(model=self.model_name, runtime_dir=self.config.runtime_dir,
-                         blocks=self.core.blocks.total, slots=self.config.slots),
+            extra=fields(
+                model=self.model_name,
+                runtime_dir=self.config.runtime_dir,
+                blocks=self.core.blocks.total,
+                slots=self.config.slots,
+            ),
         )
 
     def request_stop(self, signum: int, _frame: FrameType | None) -> None:
@@ -181,9 +188,16 @@ class EngineProcess:
             log.info("frontend joined", extra=fields(frontend=hello.frontend_id, pid=hello.pid))
         self.frontends[hello.frontend_id] = hello.pid
         ack = HelloAck(
-            hello.frontend_id, os.getpid(), self.started_ns, self.model_name, self.core.n_ctx,
-            self.runtime.n_vocab, self.config.slots, self.config.block_size,
-            self.core.blocks.total, self.config.max_queue,
+            hello.frontend_id,
+            os.getpid(),
+            self.started_ns,
+            self.model_name,
+            self.core.n_ctx,
+            self.runtime.n_vocab,
+            self.config.slots,
+            self.config.block_size,
+            self.core.blocks.total,
+            self.config.max_queue,
         )
         self.outbox.send_multipart([topic(hello.frontend_id), encode(ack)])
 
@@ -207,32 +221,30 @@ class EngineProcess:
     def _reap_frontends(self) -> None:
         """Cancel the work of frontends whose process is gone and free their board slots."""
         for slot in self.board.frontend_slots():
-            if not _alive(slot.pid):
+            if not pid_alive(slot.pid):
                 self.board.release_slot(slot.index, slot.pid)
         for frontend_id, pid in list(self.frontends.items()):
-            if not _alive(pid):
+            if not pid_alive(pid):
                 del self.frontends[frontend_id]
                 cancelled = self.core.cancel_frontend(frontend_id)
-                log.warning("frontend gone", extra=fields(frontend=frontend_id, cancelled=cancelled))
+                log.warning(
+                    "frontend gone", extra=fields(frontend=frontend_id, cancelled=cancelled)
+                )
 
     def _publish_board(self, state: int) -> None:
         core = self.core
         self.board.publish(
-            state=state, slots_total=self.config.slots, running=len(core.running),
-            waiting=len(core.policy), blocks_total=core.blocks.total,
-            blocks_used=core.blocks.used, blocks_cached=core.blocks.cached,
-            max_queue=self.config.max_queue, drain_rate=core.drain_rate(), ticks=core.tick,
+            state=state,
+            slots_total=self.config.slots,
+            running=len(core.running),
+            waiting=len(core.policy),
+            blocks_total=core.blocks.total,
+            blocks_used=core.blocks.used,
+            blocks_cached=core.blocks.cached,
+            max_queue=self.config.max_queue,
+            drain_rate=core.drain_rate(),
+            ticks=core.tick,
         )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _refuse_if_engine_running(board_path: str) -> None:
@@ -244,7 +256,7 @@ def _refuse_if_engine_running(board_path: str) -> None:
         pid = board.snapshot().pid
     finally:
         board.close()
-    if pid and pid != os.getpid() and _alive(pid):
+    if pid and pid != os.getpid() and pid_alive(pid):
         raise TinyServeError(f"another engine (pid {pid}) is serving from {board_path}")
 
 

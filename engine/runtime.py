@@ -101,7 +101,11 @@ class LlamaRuntime:
         self._piece = ctypes.create_string_buffer(_PIECE_BUF)
         log.info(
             "model loaded: %s (n_ctx=%d, n_seq_max=%d, n_batch=%d, threads=%d)",
-            spec.model_path.name, self.n_ctx, spec.n_seq_max, spec.n_batch, spec.n_threads,
+            spec.model_path.name,
+            self.n_ctx,
+            spec.n_seq_max,
+            spec.n_batch,
+            spec.n_threads,
         )
 
     @staticmethod

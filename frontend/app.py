@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
@@ -33,8 +34,14 @@ def build_app(config: Config) -> web.Application:
     app[CONFIG] = config
     app.cleanup_ctx.append(_tokenizer_ctx)
     app.cleanup_ctx.append(_engine_ctx)
+    app.on_response_prepare.append(_stamp_frontend)
     add_routes(app)
     return app
+
+
+async def _stamp_frontend(_request: web.Request, response: web.StreamResponse) -> None:
+    # Which of the frontends sharing the port answered: the first question when debugging.
+    response.headers["X-TinyServe-Frontend"] = str(os.getpid())
 
 
 async def _tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:

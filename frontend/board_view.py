@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from tinyserve import protocol
 from tinyserve.frontend.admission import Load
+from tinyserve.procs import pid_alive
 from tinyserve_native.board import FRONTEND_ID_MAX, Board, BoardError
 
 HEARTBEAT_TIMEOUT_NS = 1_000_000_000
@@ -73,19 +74,6 @@ def load_of(board: Board) -> Load:
         pending_requests=pending_requests,
         draining=snap.state == protocol.STATE_DRAINING,
     )
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (signal 0 checks without sending anything)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
 
 
 __all__ = [

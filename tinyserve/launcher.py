@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 from tinyserve.config import ENGINE, FRONTEND, Config, notify_socket
+from tinyserve.logs import setup_logging
 from tinyserve.rundir import prepare_runtime_dir, remove_quietly
 from tinyserve.sdnotify import Notifier
-from tinyserve.logs import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +78,17 @@ class Launcher:
         self.stop_requested = False
         run = config.runtime_dir
         python = [sys.executable, "-m", "tinyserve.cli"]
-        self.engine = Child("engine", [*python, ENGINE, *config.flags_for(ENGINE)],
-                            os.path.join(run, "notify-engine"))
+        self.engine = Child(
+            "engine",
+            [*python, ENGINE, *config.flags_for(ENGINE)],
+            os.path.join(run, "notify-engine"),
+        )
         self.frontends = [
-            Child(f"frontend {i}", [*python, FRONTEND, *config.flags_for(FRONTEND)],
-                  os.path.join(run, f"notify-frontend-{i}"))
+            Child(
+                f"frontend {i}",
+                [*python, FRONTEND, *config.flags_for(FRONTEND)],
+                os.path.join(run, f"notify-frontend-{i}"),
+            )
             for i in range(config.frontends)
         ]
 
@@ -160,7 +166,10 @@ def run(config: Config) -> int:
             log.info(
                 "TinyServe listening on http://%s:%d (%d frontends, engine pid %d); "
                 "Ctrl-C stops it",
-                config.host, config.port, config.frontends, launcher.engine.pid,
+                config.host,
+                config.port,
+                config.frontends,
+                launcher.engine.pid,
             )
             launcher.supervise()
     except ChildDied as exc:

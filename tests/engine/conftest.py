@@ -12,8 +12,13 @@ from tinyserve.model import resolve_model_path
 
 # Small enough to be quick, large enough for several sequences at once.
 CORE_SETTINGS: dict[str, Any] = {
-    "ctx": 1024, "slots": 4, "chunk": 32, "max_batch_tokens": 64, "block_size": 16,
-    "max_queue": 8, "threads": 2,
+    "ctx": 1024,
+    "slots": 4,
+    "chunk": 32,
+    "max_batch_tokens": 64,
+    "block_size": 16,
+    "max_queue": 8,
+    "threads": 2,
 }
 
 
@@ -32,8 +37,13 @@ def tokenize() -> Callable[[str], list[int]]:
 def runtime() -> Iterator[LlamaRuntime]:
     config = core_config()
     rt = LlamaRuntime(
-        RuntimeSpec(resolve_model_path(None), config.ctx, config.slots, config.max_batch_tokens,
-                    config.engine_threads)
+        RuntimeSpec(
+            resolve_model_path(None),
+            config.ctx,
+            config.slots,
+            config.max_batch_tokens,
+            config.engine_threads,
+        )
     )
     yield rt
     rt.close()

@@ -30,8 +30,14 @@ class Driver:
         self._n += 1
         rid = f"r{self._n}"
         self.core.submit(
-            p.Submit(rid, FRONTEND, prompt_ids, p.SamplingParams(**sampling), max_tokens,
-                     arrival_ns=time.monotonic_ns())
+            p.Submit(
+                rid,
+                FRONTEND,
+                prompt_ids,
+                p.SamplingParams(**sampling),
+                max_tokens,
+                arrival_ns=time.monotonic_ns(),
+            )
         )
         return rid
 
@@ -145,8 +151,9 @@ def _incomplete_utf8(data: bytes) -> bool:
         ({"max_queue": 1, "slots": 1}, 20, 4, p.REJECT_QUEUE_FULL),
     ],
 )
-def test_rejections(runtime: LlamaRuntime, overrides: dict[str, int], prompt_len: int,
-                    max_tokens: int, reason: str) -> None:
+def test_rejections(
+    runtime: LlamaRuntime, overrides: dict[str, int], prompt_len: int, max_tokens: int, reason: str
+) -> None:
     d = Driver(EngineCore(core_config(**overrides), runtime))
     if reason == p.REJECT_QUEUE_FULL:
         d.submit(PROMPT, 4)  # waits: max_queue counts it

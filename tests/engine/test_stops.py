@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -48,7 +50,7 @@ def test_multibyte_stop() -> None:
 def test_matches_a_plain_find_for_any_split(text: str, stop: str, cuts: list[int]) -> None:
     data = text.encode()
     bounds = sorted({0, len(data), *[c for c in cuts if c <= len(data)]})
-    pieces = [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    pieces = [data[a:b] for a, b in itertools.pairwise(bounds)]
     index = data.find(stop.encode())
     expected = (data[:index], True) if index >= 0 else (data, False)
     assert run([stop], pieces) == expected

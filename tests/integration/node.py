@@ -63,8 +63,17 @@ class Node:
         self.log_path = workdir / "node.log"
         self._notify_path = str(workdir / "launcher.notify")
         self.argv = [
-            sys.executable, "-m", "tinyserve.cli", "serve", "--runtime-dir", str(self.runtime_dir),
-            "--port", str(self.port), "--frontends", str(frontends), *flags,
+            sys.executable,
+            "-m",
+            "tinyserve.cli",
+            "serve",
+            "--runtime-dir",
+            str(self.runtime_dir),
+            "--port",
+            str(self.port),
+            "--frontends",
+            str(frontends),
+            *flags,
         ]
         self.process: subprocess.Popen[bytes] | None = None
         self.children: list[int] = []
