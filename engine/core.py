@@ -218,15 +218,18 @@ class EngineCore:
                 continue
             if seq.status is Status.PREFILL:
                 seq.status, seq.first_token_ns = Status.DECODE, now
-            self._accept_token(seq, self.samplers[seq.slot].sample(self.runtime.ctx, item.row))
+            self._accept_token(seq, item.row)
 
-    def _accept_token(self, seq: Sequence, token: int) -> None:
+    def _accept_token(self, seq: Sequence, row: int) -> None:
+        token = self.samplers[seq.slot].sample(self.runtime.ctx, row)
         if self.runtime.is_eog(token):
             self._finish(seq, FINISH_STOP)
             return
         seq.generated += 1
         seq.last_token = token
-        self.outbox.token(seq.request, token, seq.stops.feed(self.runtime.piece(token)))
+        top_n = seq.request.sampling.logprobs
+        logprobs = self.runtime.logprobs(row, token, top_n) if top_n >= 0 else None
+        self.outbox.token(seq.request, token, seq.stops.feed(self.runtime.piece(token)), logprobs)
         if seq.stops.stopped:
             self._finish(seq, FINISH_STOP)
         elif seq.generated >= seq.request.max_tokens:

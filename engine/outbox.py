@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from tinyserve.protocol import EngineStats, Event, RequestUpdate, Submit, TickOutput
 
@@ -12,6 +13,7 @@ from tinyserve.protocol import EngineStats, Event, RequestUpdate, Submit, TickOu
 class _Draft:
     frontend_id: str
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[list[Any]] = field(default_factory=list)
     text: bytearray = field(default_factory=bytearray)
     events: list[Event] = field(default_factory=list)
     finish_reason: str | None = None
@@ -41,10 +43,14 @@ class Outbox:
     ) -> None:
         self._draft(request).events.append(Event(kind, tick, value, detail))
 
-    def token(self, request: Submit, token_id: int, text: bytes) -> None:
+    def token(
+        self, request: Submit, token_id: int, text: bytes, logprobs: list[Any] | None = None
+    ) -> None:
         draft = self._draft(request)
         draft.token_ids.append(token_id)
         draft.text += text
+        if logprobs is not None:
+            draft.logprobs.append(logprobs)
 
     def text(self, request: Submit, text: bytes) -> None:
         self._draft(request).text += text
@@ -74,13 +80,14 @@ class Outbox:
                 RequestUpdate(
                     request_id,
                     seq,
-                    d.token_ids,
-                    bytes(d.text),
-                    d.events,
-                    d.finish_reason,
-                    d.detail,
-                    d.prompt_tokens,
-                    d.cached_tokens,
+                    token_ids=d.token_ids,
+                    text=bytes(d.text),
+                    events=d.events,
+                    finish_reason=d.finish_reason,
+                    detail=d.detail,
+                    prompt_tokens=d.prompt_tokens,
+                    cached_tokens=d.cached_tokens,
+                    logprobs=d.logprobs,
                 )
             )
         self._drafts.clear()

@@ -10,8 +10,11 @@ import ctypes
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
+import numpy as np
+import numpy.typing as npt
 
 from tinyserve.errors import EngineFatalError, ModelNotFoundError
 from tinyserve.protocol import SamplingParams
@@ -151,10 +154,24 @@ class LlamaRuntime:
             raise EngineFatalError(f"token {token} piece longer than {_PIECE_BUF} bytes")
         return self._piece.raw[:n]
 
-    def logits(self, row: int) -> list[float]:
-        """The logits of one batch row (for tests and diagnostics; copies n_vocab floats)."""
+    def logits(self, row: int) -> npt.NDArray[np.float32]:
+        """The logits of one batch row: a view into llama.cpp's buffer, valid until the next
+        decode call."""
         ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
-        return list(ptr[: self.n_vocab])
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def logprobs(self, row: int, token: int, top_n: int) -> list[Any]:
+        """``[logprob of token, [[id, logprob], ...] top_n best]`` under the model's raw
+        distribution for batch row ``row`` (before temperature or other sampling steps)."""
+        logits = self.logits(row).astype(np.float64)
+        peak = logits.max()
+        logprobs = logits - (peak + np.log(np.exp(logits - peak).sum()))
+        best: list[list[float]] = []
+        if top_n > 0:
+            ids = np.argpartition(-logprobs, top_n)[:top_n]
+            ids = ids[np.argsort(-logprobs[ids])]
+            best = [[int(i), float(logprobs[i])] for i in ids]
+        return [float(logprobs[token]), best]
 
     def forget(self, seq_id: int, start: int = -1, end: int = -1) -> None:
         """Drop ``seq_id``'s KV cells in ``[start, end)`` (all of them by default)."""

@@ -103,7 +103,7 @@ class SamplingParams(Message):
     stop: list[str] = field(default_factory=list)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logprobs: int = 0  # top alternatives to report per token (0: none)
+    logprobs: int = -1  # top alternatives to report per token (-1: no logprobs at all)
 
 
 # -- frontend -> engine -------------------------------------------------------------------
@@ -197,6 +197,9 @@ class RequestUpdate(Message):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     timeline: dict[str, Any] | None = None
+    # One entry per token in token_ids when the request asked for logprobs:
+    # [chosen token's logprob, [[token id, logprob], ...] top alternatives, best first].
+    logprobs: list[list[Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -194,3 +194,17 @@ def test_timeouts(runtime: LlamaRuntime) -> None:
     assert d.final(second).finish_reason == p.FINISH_QUEUE_TIMEOUT
     assert d.final(first).finish_reason == p.FINISH_TIMEOUT
     assert d.core.blocks.used == 0
+
+
+def test_logprobs_are_a_distribution_and_rank_the_greedy_choice_first(driver: Driver) -> None:
+    rid = driver.submit(PROMPT, max_tokens=4, logprobs=5)
+    plain = driver.submit(PROMPT, max_tokens=4)
+    driver.run()
+    entries = [e for u in driver.updates[rid] for e in u.logprobs]
+    assert len(entries) == len(driver.tokens(rid)) == 4
+    assert not [e for u in driver.updates[plain] for e in u.logprobs]
+    for token, (chosen, best) in zip(driver.tokens(rid), entries, strict=True):
+        assert len(best) == 5
+        assert best[0] == [token, chosen]  # greedy picks the most likely token
+        assert [lp for _, lp in best] == sorted((lp for _, lp in best), reverse=True)
+        assert chosen <= 0.0
