@@ -5,8 +5,7 @@ In one run: (1) the ceiling: the default model driven by a bare loop of batched
 TinyServe node with ONE frontend, C concurrent streaming clients for each concurrency C:
 aggregate generated tok/s, TTFT p50/p95 and inter-token latency p50. Prints both and the ratio.
 
-    .venv/bin/python bench/throughput.py                    # starts its own node
-    .venv/bin/python bench/throughput.py --url http://127.0.0.1:8000   # an already running one
+    .venv/bin/python bench/throughput.py
 """
 
 from __future__ import annotations
@@ -19,39 +18,14 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.integration.node import Node
+from common import Result, percentile, start_node, stream_request, write_csv
 
 PROMPT = "Write a story about a robot who learns to paint. Once upon a time,"
-
-
-@dataclass
-class Figures:
-    tokens: int
-    seconds: float
-    ttft: list[float]
-    itl: list[float]
-
-    @property
-    def tok_s(self) -> float:
-        return self.tokens / self.seconds
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-# -- the ceiling -----------------------------------------------------------------------------
 
 
 def raw_ceiling(batch: int, prompt_len: int, steps: int, threads: int, ctx: int) -> float:
@@ -72,14 +46,12 @@ def raw_ceiling(batch: int, prompt_len: int, steps: int, threads: int, ctx: int)
     lbatch = llama_cpp.llama_batch_init(512, 0, 1)
     samplers = [_greedy() for _ in range(batch)]
     started = time.perf_counter()
-    _fill(
-        lbatch,
-        [
-            (t, i, s, i == prompt_len - 1)
-            for s in range(batch)
-            for i, t in enumerate(range(1000, 1000 + prompt_len))
-        ],
-    )
+    prompt = [
+        (t, i, s, i == prompt_len - 1)
+        for s in range(batch)
+        for i, t in enumerate(range(1000, 1000 + prompt_len))
+    ]
+    _fill(lbatch, prompt)
     assert llama_cpp.llama_decode(lctx, lbatch) == 0
     rows = [s * prompt_len + prompt_len - 1 for s in range(batch)]
     for step in range(steps):
@@ -94,7 +66,7 @@ def raw_ceiling(batch: int, prompt_len: int, steps: int, threads: int, ctx: int)
     return batch * steps / elapsed
 
 
-def _greedy() -> int:
+def _greedy() -> Any:
     import llama_cpp
 
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
@@ -102,19 +74,17 @@ def _greedy() -> int:
     return chain
 
 
-def _fill(batch: object, rows: list[tuple[int, int, int, bool]]) -> None:
-    b = batch  # the ctypes llama_batch
+def _fill(batch: Any, rows: list[tuple[int, int, int, bool]]) -> None:
     for i, (token, pos, seq, logits) in enumerate(rows):
-        b.token[i], b.pos[i], b.n_seq_id[i] = token, pos, 1  # type: ignore[attr-defined]
-        b.seq_id[i][0], b.logits[i] = seq, logits  # type: ignore[attr-defined]
-    b.n_tokens = len(rows)  # type: ignore[attr-defined]
+        batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
+        batch.seq_id[i][0], batch.logits[i] = seq, logits
+    batch.n_tokens = len(rows)
 
 
 def ceiling_in_subprocess(batch: int, args: argparse.Namespace) -> float:
     """Run ``raw_ceiling`` in a fresh process so its memory and threads are gone afterwards."""
-    call = (
-        f"raw_ceiling({batch}, {args.prompt_tokens}, {args.max_tokens}, {args.threads}, {args.ctx})"
-    )
+    numbers = (batch, args.prompt_tokens, args.max_tokens, args.threads, args.ctx)
+    call = f"raw_ceiling{numbers}"
     code = (
         f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
         f"import throughput as t; print(json.dumps(t.{call}))"
@@ -123,93 +93,83 @@ def ceiling_in_subprocess(batch: int, args: argparse.Namespace) -> float:
     return float(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-# -- through the server ----------------------------------------------------------------------
-
-
-async def one_stream(
-    session: aiohttp.ClientSession, url: str, max_tokens: int, figures: Figures
-) -> None:
-    body = {"prompt": PROMPT, "max_tokens": max_tokens, "stream": True}
-    sent = time.perf_counter()
-    last = sent
-    async with session.post(f"{url}/generate", json=body) as resp:
-        assert resp.status == 200, await resp.text()
-        async for line in resp.content:
-            if not line.startswith(b"data:"):
-                continue
-            event = json.loads(line[5:])
-            now = time.perf_counter()
-            if event.get("text"):
-                (figures.ttft if last == sent else figures.itl).append(now - last)
-                last = now
-            if event.get("finish_reason"):
-                figures.tokens += event["usage"]["completion_tokens"]
-
-
-async def through_server(url: str, concurrency: int, rounds: int, max_tokens: int) -> Figures:
-    figures = Figures(0, 0.0, [], [])
-    # NOTE: ttft holds the first gap of each stream (send -> first text), itl the rest.
+async def through_server(
+    url: str, concurrency: int, rounds: int, max_tokens: int
+) -> tuple[float, list[Result]]:
+    """C closed-loop clients, ``rounds`` requests each: (wall seconds, every result)."""
+    body = {"prompt": PROMPT, "max_tokens": max_tokens}
+    results: list[Result] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
 
-        async def worker() -> None:
+        async def client() -> None:
             for _ in range(rounds):
-                await one_stream(session, url, max_tokens, figures)
+                results.append(await stream_request(session, url, body))
 
         started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        figures.seconds = time.perf_counter() - started
-    return figures
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        return time.perf_counter() - started, results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", help="a running node (default: start one with one frontend)")
     parser.add_argument("--concurrency", default="1,2,4,8,16")
     parser.add_argument("--rounds", type=int, default=2, help="requests per client")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument(
-        "--prompt-tokens", type=int, default=16, help="prompt length for the ceiling"
-    )
+    parser.add_argument("--prompt-tokens", type=int, default=16, help="ceiling's prompt length")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--slots", type=int, default=8)
     args = parser.parse_args()
-    levels = [int(c) for c in args.concurrency.split(",")]
-    node = None
-    if args.url is None:
-        workdir = Path(tempfile.mkdtemp(prefix="tinyserve-bench-"))
-        node = Node(
-            workdir,
-            "--threads",
-            str(args.threads),
-            "--ctx",
-            str(args.ctx),
-            "--slots",
-            str(args.slots),
-            frontends=1,
-        ).start()
-        args.url = node.url
+    node = start_node(
+        "--threads",
+        str(args.threads),
+        "--ctx",
+        str(args.ctx),
+        "--slots",
+        str(args.slots),
+        "--max-queue",
+        "256",
+        frontends=1,
+    )
     print(
         f"llama.cpp threads: {args.threads} (CPUs available: {len(os.sched_getaffinity(0))}); "
-        f"slots {args.slots}; max_tokens {args.max_tokens}; {args.rounds} requests per client"
+        f"slots {args.slots}; max_tokens {args.max_tokens}; {args.rounds} requests per client; "
+        "one frontend"
     )
     print(
         f"{'conc':>4} {'ceiling tok/s':>13} {'server tok/s':>12} {'ratio':>6} "
         f"{'TTFT p50':>9} {'TTFT p95':>9} {'ITL p50':>8}"
     )
+    rows = []
     try:
-        for c in levels:
+        for c in [int(x) for x in args.concurrency.split(",")]:
             ceiling = ceiling_in_subprocess(min(c, args.slots), args)
-            fig = asyncio.run(through_server(args.url, c, args.rounds, args.max_tokens))
+            seconds, results = asyncio.run(
+                through_server(node.url, c, args.rounds, args.max_tokens)
+            )
+            assert all(r.status == 200 for r in results), [r.reason for r in results]
+            tok_s = sum(r.tokens for r in results) / seconds
+            ttft = [r.ttft for r in results if r.ttft is not None]
+            gaps = [g for r in results for g in r.gaps]
+            row = {
+                "concurrency": c,
+                "ceiling_tok_s": round(ceiling, 1),
+                "server_tok_s": round(tok_s, 1),
+                "ratio": round(tok_s / ceiling, 3),
+                "ttft_p50_s": round(percentile(ttft, 0.5), 3),
+                "ttft_p95_s": round(percentile(ttft, 0.95), 3),
+                "itl_p50_ms": round(statistics.median(gaps) * 1000, 1) if gaps else None,
+            }
+            rows.append(row)
             print(
-                f"{c:>4} {ceiling:>13.1f} {fig.tok_s:>12.1f} {fig.tok_s / ceiling:>6.2f} "
-                f"{percentile(fig.ttft, 0.5):>8.3f}s {percentile(fig.ttft, 0.95):>8.3f}s "
-                f"{statistics.median(fig.itl) * 1000 if fig.itl else float('nan'):>6.1f}ms",
+                f"{c:>4} {ceiling:>13.1f} {tok_s:>12.1f} {tok_s / ceiling:>6.2f} "
+                f"{row['ttft_p50_s']:>8.3f}s {row['ttft_p95_s']:>8.3f}s "
+                f"{row['itl_p50_ms']:>6.1f}ms",
                 flush=True,
             )
     finally:
-        if node is not None:
-            node.stop(check=False)
+        node.stop(check=False)
+    print(f"wrote {write_csv('throughput', rows)}")
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ class EngineCore:
         self.clock = clock
         self.n_ctx = runtime.n_ctx
         self.blocks = BlockAccountant(self.n_ctx // config.block_size, config.block_size)
-        self.policy: Policy = make_policy("fifo")
+        self.policy: Policy = make_policy(config.policy, config.tenant_weight_map)
         self.slots: list[Sequence | None] = [None] * config.slots
         self.running: list[Sequence] = []  # in slot-grant order: earlier prefills go first
         self.samplers: dict[int, Sampler] = {}  # by slot
@@ -110,7 +110,9 @@ class EngineCore:
             return REJECT_TOO_LONG
         if self.draining:
             return REJECT_DRAINING
-        if len(self.policy) >= self.config.max_queue:
+        # Accepted requests that a free slot takes at the next tick never wait in the queue.
+        free_slots = self.slots.count(None)
+        if len(self.policy) - free_slots >= self.config.max_queue:
             return REJECT_QUEUE_FULL
         if not self.blocks.can_allocate(need):
             return REJECT_KV_CACHE_FULL
@@ -236,9 +238,8 @@ class EngineCore:
             self._finish(seq, FINISH_LENGTH)
 
     def _finish(self, seq: Sequence, reason: str, detail: str = "") -> None:
-        if seq.status is Status.WAITING:
-            self.policy.remove(seq)
-        elif seq.status is not Status.FINISHED:
+        self.policy.remove(seq)
+        if seq.status is not Status.WAITING:
             self._free_slot(seq)
         seq.status = Status.FINISHED
         self.blocks.release_all(seq.blocks)

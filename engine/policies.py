@@ -10,7 +10,9 @@ import heapq
 from collections.abc import Iterator
 from typing import Protocol
 
-from tinyserve.engine.sequence import Sequence
+from tinyserve.engine.sequence import Sequence, Status
+
+PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = -10, 10, 0
 
 
 class Policy(Protocol):
@@ -21,55 +23,93 @@ class Policy(Protocol):
     def add(self, seq: Sequence) -> None:
         """A request was accepted and now waits for a slot."""
 
-    def remove(self, seq: Sequence) -> None:
-        """A waiting request left early (cancelled, timed out)."""
-
     def pop_next(self) -> Sequence | None:
         """The waiting request to admit into a free slot now, or None if none waits."""
 
     def charge(self, seq: Sequence, tokens: int) -> None:
         """``seq`` had ``tokens`` tokens processed this tick (prefilled or generated)."""
 
-    def __len__(self) -> int: ...
+    def remove(self, seq: Sequence) -> None:
+        """``seq`` ended (waiting or running); called before its status becomes FINISHED."""
 
-    def __iter__(self) -> Iterator[Sequence]: ...
+    def __len__(self) -> int:
+        """Requests waiting for a slot."""
+
+    def __iter__(self) -> Iterator[Sequence]:
+        """The waiting requests, in no particular order."""
 
 
-class FifoPolicy:
-    """Arrival order at the engine."""
+class HeapPolicy:
+    """Admits the waiting request with the smallest ``key``; subclasses choose the key.
 
-    name = "fifo"
+    Requests that leave while waiting stay in the heap and are skipped when they surface
+    (their status is no longer WAITING), so ``remove`` is O(1).
+    """
+
+    name = "heap"
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, Sequence]] = []
-        self._removed: set[int] = set()
+        self._heap: list[tuple[tuple[int, ...], Sequence]] = []
+        self._waiting = 0
+
+    def key(self, seq: Sequence) -> tuple[int, ...]:
+        raise NotImplementedError
 
     def add(self, seq: Sequence) -> None:
-        heapq.heappush(self._heap, (seq.order, seq))
-
-    def remove(self, seq: Sequence) -> None:
-        self._removed.add(seq.order)
+        heapq.heappush(self._heap, (self.key(seq), seq))
+        self._waiting += 1
 
     def pop_next(self) -> Sequence | None:
         while self._heap:
             _, seq = heapq.heappop(self._heap)
-            if seq.order not in self._removed:
+            if seq.status is Status.WAITING:
+                self._waiting -= 1
                 return seq
-            self._removed.discard(seq.order)
         return None
 
     def charge(self, seq: Sequence, tokens: int) -> None:
-        """FIFO ignores service received."""
+        """Order does not depend on service received."""
+
+    def remove(self, seq: Sequence) -> None:
+        if seq.status is Status.WAITING:
+            self._waiting -= 1
 
     def __len__(self) -> int:
-        return len(self._heap) - len(self._removed)
+        return self._waiting
 
     def __iter__(self) -> Iterator[Sequence]:
-        return (seq for _, seq in self._heap if seq.order not in self._removed)
+        return (seq for _, seq in self._heap if seq.status is Status.WAITING)
 
 
-def make_policy(name: str) -> Policy:
-    """The policy named by ``--policy``."""
-    if name == FifoPolicy.name:
-        return FifoPolicy()
-    raise ValueError(f"unknown scheduling policy {name!r}")
+class FifoPolicy(HeapPolicy):
+    """Arrival order at the engine."""
+
+    name = "fifo"
+
+    def key(self, seq: Sequence) -> tuple[int, ...]:
+        return (seq.order,)
+
+
+class PriorityPolicy(HeapPolicy):
+    """Larger ``priority`` first, arrival order among equals.
+
+    Strict: while higher-priority requests keep arriving, lower ones wait indefinitely
+    (only ``--queue-timeout`` ends their wait). That starvation is the price of the policy.
+    """
+
+    name = "priority"
+
+    def key(self, seq: Sequence) -> tuple[int, ...]:
+        return (-seq.request.priority, seq.order)
+
+
+def make_policy(name: str, weights: dict[str, float] | None = None) -> Policy:
+    """The policy named by ``--policy``; ``weights`` are WFQ's tenant weights."""
+    from tinyserve.engine.wfq import WfqPolicy
+
+    if name == "wfq":
+        return WfqPolicy(weights)
+    policies: dict[str, type[HeapPolicy]] = {"fifo": FifoPolicy, "priority": PriorityPolicy}
+    if name not in policies:
+        raise ValueError(f"unknown scheduling policy {name!r}")
+    return policies[name]()

@@ -31,6 +31,7 @@ class Limits:
     block_size: int
     blocks_total: int
     max_queue: int
+    slots: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,9 @@ def admit(prompt_tokens: int, max_tokens: int, limits: Limits, load: Load) -> Re
         )
     if load.draining:
         return _draining(load)
-    queued = load.waiting + load.pending_requests
+    # Requests that will find a free slot at the engine's next tick do not wait in its queue.
+    free_slots = max(limits.slots - load.running, 0)
+    queued = max(load.waiting + load.pending_requests - free_slots, 0)
     if queued >= limits.max_queue:
         ahead = queued - limits.max_queue + 1
         return Rejection(

@@ -55,6 +55,25 @@ def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
+def _weight_map(text: str) -> dict[str, float]:
+    weights: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = 0.0
+        if not sep or not name.strip() or not weight > 0:
+            raise argparse.ArgumentTypeError(f"expected name=weight with weight > 0, got {item!r}")
+        weights[name.strip()] = weight
+    return weights
+
+
+def _weights(text: str) -> str:
+    """Validate ``name=w,...`` and return it normalised (it is passed on to child processes)."""
+    return ",".join(f"{name}={w:g}" for name, w in _weight_map(text).items())
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting: its flag, its environment variable and its default are derived from ``name``."""
@@ -99,6 +118,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("block_size", _pint, 16, "tokens per KV accounting block", _ENG),
     Option("threads", _nnint, 0, "llama.cpp threads (0: the CPUs this process may use)", _ENG),
     Option("max_queue", _pint, 64, "waiting requests across the node before queue_full", _ALL),
+    Option("policy", str, "wfq", "who gets the next free slot", _ENG, ("fifo", "priority", "wfq")),
+    Option("tenant_weights", _weights, "", "WFQ weights: name=w,... (others weigh 1)", _ENG),
     Option("queue_timeout", _nnfloat, 0.0, "seconds a request may wait for a slot (0: none)", _ENG),
     Option("request_timeout", _nnfloat, 0.0, "seconds a request may run in all (0: none)", _ENG),
     # frontend
@@ -138,6 +159,8 @@ class Config:
     default_max_tokens: int
     ready_timeout: int
     frontends: int
+    policy: str
+    tenant_weights: str
     drain_timeout: float
 
     @property
@@ -154,6 +177,11 @@ class Config:
     def board_path(self) -> str:
         """File that backs the shared-memory board."""
         return os.path.join(self.runtime_dir, "board")
+
+    @property
+    def tenant_weight_map(self) -> dict[str, float]:
+        """``--tenant-weights`` as a mapping (already validated when parsed)."""
+        return _weight_map(self.tenant_weights)
 
     @property
     def engine_threads(self) -> int:

@@ -156,6 +156,7 @@ def test_rejections(
 ) -> None:
     d = Driver(EngineCore(core_config(**overrides), runtime))
     if reason == p.REJECT_QUEUE_FULL:
+        d.submit(PROMPT, 4)  # takes the free slot at the next tick: never queued
         d.submit(PROMPT, 4)  # waits: max_queue counts it
     rid = d.submit(list(range(1, prompt_len + 1)), max_tokens)
     d.step()

@@ -55,6 +55,14 @@ def test_queue_full_counts_engine_waiting_and_pending() -> None:
     assert rejection.retry_after is not None
 
 
+def test_requests_bound_for_free_slots_do_not_count_as_queued() -> None:
+    limits = Limits(block_size=16, blocks_total=100, max_queue=2, slots=4)
+    # 1 running, 3 slots free: 3 of the 4 pending go straight to a slot, 1 waits.
+    assert admit(10, 6, limits, load(running=1, pending_requests=4)) is None
+    assert admit(10, 6, limits, load(running=1, pending_requests=5)) is not None
+    assert admit(10, 6, limits, load(running=4, waiting=2)) is not None
+
+
 def test_kv_cache_full_counts_used_and_pending_blocks() -> None:
     # need = 2 blocks; free = 100 - 90 - 8 = 2: fits. One more pending block: does not.
     assert admit(16, 16, LIMITS, load(blocks_used=90, pending_blocks=8)) is None
