@@ -1,1 +1,185 @@
-"""Placeholder so setup.py builds; the module lands in a following commit."""
+"""Block-aligned token radix tree: cached prefixes, their KV blocks and llama.cpp sequences.
+
+A node is one full block of ``block_size`` token ids under its parent. It names the
+kv_blocks id accounting for that block and the llama.cpp sequence whose cells hold it.
+"""
+
+from typing import NamedTuple
+
+Match = NamedTuple("Match", [("n_tokens", int), ("block_ids", list), ("seq_id", int)])
+Match.__doc__ = "The longest cached full-block prefix of a token list."
+# NOTE: the functional form guesses the module from the caller's frame, which a compiled
+# module lacks; set it so the tuples pickle.
+Match.__module__ = __name__
+
+
+cdef class _Node:
+    def __cinit__(self):
+        self.children = {}
+        self.block_id = -1
+        self.seq_id = -1
+        self.depth = -1
+
+
+cdef _Node _new_node(_Node parent, tuple key, long long block_id, long long seq_id):
+    cdef _Node node = _Node()
+    node.parent = parent
+    node.key = key
+    node.block_id = block_id
+    node.seq_id = seq_id
+    node.depth = parent.depth + 1
+    parent.children[key] = node
+    return node
+
+
+cdef class RadixTree:
+    """Prefix cache index over full blocks; see radix.pyi for the protocol."""
+
+    def __cinit__(self, Py_ssize_t block_size):
+        if block_size <= 0:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self._block_size = block_size
+        self._root = _Node()
+        self._by_block = {}
+        self._seq_tip = {}
+        self._seq_count = {}
+        self._clock = 0
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self._by_block)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._by_block
+
+    def match(self, list tokens not None):
+        """Longest cached full-block prefix of ``tokens``; marks its path recently used."""
+        cdef list path = self._walk(tokens)
+        if not path:
+            return Match(0, [], -1)
+        self._touch(path)
+        cdef _Node deepest = path[len(path) - 1]
+        return Match(
+            len(path) * self._block_size, [(<_Node>n).block_id for n in path], deepest.seq_id
+        )
+
+    def insert(self, list tokens not None, list block_ids not None, long long seq_id) -> list:
+        """Cache ``tokens`` (whole blocks) held by ``seq_id``; returns the tree's block ids."""
+        cdef Py_ssize_t bs = self._block_size
+        cdef Py_ssize_t n_blocks = len(tokens) // bs
+        if len(tokens) % bs:
+            raise ValueError(f"{len(tokens)} tokens is not a whole number of {bs}-token blocks")
+        if len(block_ids) != n_blocks:
+            raise ValueError(f"{n_blocks} blocks of tokens but {len(block_ids)} block ids")
+        if seq_id < 0:
+            raise ValueError(f"seq_id must be >= 0, got {seq_id}")
+        cdef list path = self._walk(tokens)
+        cdef list new_ids = block_ids[len(path):]
+        self._check_insertable(path, new_ids, seq_id)
+        cdef _Node node = path[len(path) - 1] if path else self._root
+        cdef Py_ssize_t i
+        for i in range(len(path), n_blocks):
+            node = _new_node(node, tuple(tokens[i * bs:(i + 1) * bs]), block_ids[i], seq_id)
+            self._by_block[node.block_id] = node
+            path.append(node)
+        if new_ids:
+            self._seq_tip[seq_id] = node
+            self._seq_count[seq_id] = self._seq_count.get(seq_id, 0) + len(new_ids)
+        self._touch(path)
+        return [(<_Node>n).block_id for n in path]
+
+    cdef int _check_insertable(self, list path, list new_ids, long long seq_id) except -1:
+        if not new_ids:
+            return 0
+        cdef long long checked
+        for block_id in new_ids:
+            checked = block_id  # TypeError/OverflowError now, not halfway through the insert
+        if len(set(new_ids)) != len(new_ids):
+            raise ValueError(f"block ids for new nodes repeat: {new_ids}")
+        clashes = [b for b in new_ids if b in self._by_block]
+        if clashes:
+            raise ValueError(f"block ids {clashes} are already in the tree")
+        tip = self._seq_tip.get(seq_id)
+        # NOTE: a sequence holds one token path. If seq_id already owns nodes off this path,
+        # its cells cannot hold both: the caller reused a sequence the tree still relies on.
+        if tip is not None and not (
+            (<_Node>tip).depth < len(path) and path[(<_Node>tip).depth] is tip
+        ):
+            raise ValueError(f"sequence {seq_id} already holds a different cached prefix")
+        return 0
+
+    def remove_leaf(self, long long block_id) -> tuple:
+        """Drop a leaf; returns ``(seq_id, start_pos, end_pos)`` of the cells to free."""
+        cdef _Node node = self._by_block[block_id]
+        if node.children:
+            raise ValueError(f"block {block_id} has {len(node.children)} children: not a leaf")
+        cdef long long seq = node.seq_id
+        # NOTE: a leaf is always its sequence's tip: a sequence owns nodes on one root path
+        # only (insert enforces it), and a leaf has nothing below it.
+        assert self._seq_tip[seq] is node
+        del node.parent.children[node.key]
+        del self._by_block[block_id]
+        cdef _Node tip = self._owned_ancestor(node)
+        cdef Py_ssize_t start = 0
+        if tip is None:
+            del self._seq_tip[seq]
+            del self._seq_count[seq]
+        else:
+            self._seq_tip[seq] = tip
+            self._seq_count[seq] -= 1
+            start = (tip.depth + 1) * self._block_size
+        node.parent = None
+        return seq, start, (node.depth + 1) * self._block_size
+
+    def is_leaf(self, long long block_id) -> bool:
+        """Whether the node for ``block_id`` has no children (``KeyError`` if absent)."""
+        return not (<_Node>self._by_block[block_id]).children
+
+    def leaves_lru(self) -> list:
+        """Leaf block ids, least recently used first."""
+        leaves = [n for n in self._by_block.values() if not (<_Node>n).children]
+        leaves.sort(key=_last_used)
+        return [(<_Node>n).block_id for n in leaves]
+
+    def seqs_in_use(self) -> set:
+        """Sequences that still own at least one node."""
+        return set(self._seq_count)
+
+    def __repr__(self) -> str:
+        return f"RadixTree(block_size={self._block_size}, n_nodes={len(self._by_block)})"
+
+    cdef list _walk(self, list tokens):
+        cdef list path = []
+        cdef _Node node = self._root
+        cdef Py_ssize_t bs = self._block_size
+        cdef Py_ssize_t i
+        for i in range(len(tokens) // bs):
+            child = node.children.get(tuple(tokens[i * bs:(i + 1) * bs]))
+            if child is None:
+                break
+            node = <_Node>child
+            path.append(node)
+        return path
+
+    cdef int _touch(self, list path) except -1:
+        # One tick per operation: leaves never share one (no leaf is on another's path).
+        self._clock += 1
+        for node in path:
+            (<_Node>node).last_used = self._clock
+        return 0
+
+    cdef _Node _owned_ancestor(self, _Node node):
+        cdef long long seq = node.seq_id
+        cdef _Node up = node.parent
+        while up is not None and up.seq_id != seq:
+            up = up.parent
+        # The root's seq_id is -1, which no sequence has, so the walk ends above it: none.
+        return up
+
+
+def _last_used(node: _Node) -> int:
+    return node.last_used

@@ -108,3 +108,84 @@ class RefBatch:
         self.rows += [(t, pos0 + i, seq_id, False) for i, t in enumerate(span)]
         self.rows[-1] = (*self.rows[-1][:3], last)
         return len(self.rows) - 1
+
+
+class RefRadix:
+    """Reference for ``radix.RadixTree``: a dict from each cached prefix (a tuple of whole
+    blocks of tokens) to ``[block_id, seq_id, last_used]``.
+    """
+
+    def __init__(self, block_size: int) -> None:
+        self.bs = block_size
+        self.nodes: dict[tuple[int, ...], list[int]] = {}
+        self.clock = 0
+
+    def _prefixes(self, tokens: list[int]) -> list[tuple[int, ...]]:
+        full = len(tokens) // self.bs
+        return [tuple(tokens[: (k + 1) * self.bs]) for k in range(full)]
+
+    def _matched(self, tokens: list[int]) -> list[tuple[int, ...]]:
+        matched = []
+        for key in self._prefixes(tokens):
+            if key not in self.nodes:
+                break
+            matched.append(key)
+        return matched
+
+    def _touch(self, keys: list[tuple[int, ...]]) -> None:
+        self.clock += 1
+        for key in keys:
+            self.nodes[key][2] = self.clock
+
+    def match(self, tokens: list[int]) -> tuple[int, list[int], int]:
+        keys = self._matched(tokens)
+        if not keys:
+            return 0, [], -1
+        self._touch(keys)
+        return len(keys[-1]), [self.nodes[k][0] for k in keys], self.nodes[keys[-1]][1]
+
+    def insert(self, tokens: list[int], block_ids: list[int], seq_id: int) -> list[int]:
+        keys = self._prefixes(tokens)
+        if len(tokens) % self.bs or len(block_ids) != len(keys) or seq_id < 0:
+            raise ValueError("bad arguments")
+        new = [(k, b) for k, b in zip(keys, block_ids, strict=True) if k not in self.nodes]
+        new_ids = [b for _, b in new]
+        in_tree = {node[0] for node in self.nodes.values()}
+        owned = [k for k, node in self.nodes.items() if node[1] == seq_id]
+        if new and (
+            len(set(new_ids)) != len(new_ids)
+            or in_tree & set(new_ids)
+            or any(tuple(tokens[: len(k)]) != k for k in owned)
+        ):
+            raise ValueError("cannot insert")
+        for key, block_id in new:
+            self.nodes[key] = [block_id, seq_id, 0]
+        self._touch(keys)
+        return [self.nodes[k][0] for k in keys]
+
+    def _key_of(self, block_id: int) -> tuple[int, ...]:
+        for key, node in self.nodes.items():
+            if node[0] == block_id:
+                return key
+        raise KeyError(block_id)
+
+    def _has_children(self, key: tuple[int, ...]) -> bool:
+        return any(len(k) == len(key) + self.bs and k[: len(key)] == key for k in self.nodes)
+
+    def is_leaf(self, block_id: int) -> bool:
+        return not self._has_children(self._key_of(block_id))
+
+    def remove_leaf(self, block_id: int) -> tuple[int, int, int]:
+        key = self._key_of(block_id)
+        if self._has_children(key):
+            raise ValueError("not a leaf")
+        seq_id = self.nodes.pop(key)[1]
+        still_owned = [len(k) for k, node in self.nodes.items() if node[1] == seq_id]
+        return seq_id, max(still_owned, default=0), len(key)
+
+    def leaves_lru(self) -> list[int]:
+        leaves = [node for key, node in self.nodes.items() if not self._has_children(key)]
+        return [node[0] for node in sorted(leaves, key=lambda node: node[2])]
+
+    def seqs_in_use(self) -> set[int]:
+        return {node[1] for node in self.nodes.values()}

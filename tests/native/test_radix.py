@@ -1,0 +1,180 @@
+"""RadixTree: worked examples, then a stateful comparison with the dict-of-tuples RefRadix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from tinyserve_native.radix import Match, RadixTree
+
+from .reference import RefRadix
+
+BS = 2
+
+
+@pytest.fixture
+def tree() -> RadixTree:
+    return RadixTree(BS)
+
+
+def test_empty_tree_matches_nothing(tree: RadixTree) -> None:
+    assert tree.match([1, 2, 3]) == Match(0, [], -1)
+    assert (tree.n_nodes, tree.block_size, tree.leaves_lru(), tree.seqs_in_use()) == (
+        0,
+        BS,
+        [],
+        set(),
+    )
+
+
+def test_match_returns_the_longest_full_block_prefix(tree: RadixTree) -> None:
+    assert tree.insert([1, 2, 3, 4, 5, 6], [10, 11, 12], 0) == [10, 11, 12]
+    assert tree.match([1, 2, 3, 4, 9, 9]) == Match(4, [10, 11], 0)
+    assert tree.match([1, 2, 3, 4, 5]) == Match(4, [10, 11], 0)  # 5 alone is no block
+    assert tree.match([1, 2, 3, 4, 5, 6, 7, 8]) == Match(6, [10, 11, 12], 0)
+    assert tree.match([2, 1]) == Match(0, [], -1)
+
+
+def test_insert_keeps_existing_nodes_and_reports_them(tree: RadixTree) -> None:
+    tree.insert([1, 2, 3, 4], [10, 11], 0)
+    assert tree.insert([1, 2, 3, 4, 5, 6], [20, 21, 22], 1) == [10, 11, 22]
+    assert tree.match([1, 2, 3, 4, 5, 6]) == Match(6, [10, 11, 22], 1)
+    assert tree.match([1, 2, 3, 4]).seq_id == 0
+    assert tree.n_nodes == 3
+    assert tree.seqs_in_use() == {0, 1}
+
+
+def test_remove_leaf_frees_the_tail_its_sequence_no_longer_needs(tree: RadixTree) -> None:
+    tree.insert([1, 2], [10], 0)
+    tree.insert([1, 2, 3, 4], [20, 21], 1)  # seq 1 owns only [3, 4]
+    tree.insert([1, 2, 3, 4, 5, 6], [30, 31, 32], 0)  # seq 0 extends through seq 1's node
+    assert not tree.is_leaf(21)
+    with pytest.raises(ValueError):
+        tree.remove_leaf(21)
+    assert tree.remove_leaf(32) == (0, 2, 6)  # seq 0's copy of [3, 4] goes too
+    assert tree.remove_leaf(21) == (1, 0, 4)  # seq 1's last node: all its cells
+    assert tree.seqs_in_use() == {0}
+    assert tree.remove_leaf(10) == (0, 0, 2)
+    assert tree.n_nodes == 0
+    with pytest.raises(KeyError):
+        tree.remove_leaf(10)
+
+
+def test_leaves_are_ordered_by_last_use(tree: RadixTree) -> None:
+    tree.insert([1, 1], [10], 0)
+    tree.insert([2, 2], [20], 1)
+    tree.insert([3, 3, 4, 4], [30, 31], 2)
+    assert tree.leaves_lru() == [10, 20, 31]
+    tree.match([1, 1, 0])
+    assert tree.leaves_lru() == [20, 31, 10]
+    tree.match([3, 3])  # touches 30 only: the leaf below it is still cold
+    assert tree.leaves_lru() == [20, 31, 10]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "ids", "seq"),
+    [
+        ([1, 2, 3], [10, 11], 0),  # not whole blocks
+        ([1, 2, 3, 4], [10], 0),  # one id short
+        ([1, 2], [10], -1),
+        ([5, 6, 7, 8], [40, 40], 0),  # repeated id
+        ([5, 6], [10], 0),  # id already in the tree
+        ([5, 6], [40], 7),  # seq 7 already holds [1, 2, 3, 4]
+    ],
+)
+def test_bad_inserts_raise_and_change_nothing(
+    tree: RadixTree, tokens: list[int], ids: list[int], seq: int
+) -> None:
+    tree.insert([1, 2, 3, 4], [10, 11], 7)
+    with pytest.raises(ValueError):
+        tree.insert(tokens, ids, seq)
+    assert tree.n_nodes == 2
+    assert tree.match([1, 2, 3, 4, 5, 6, 7, 8]) == Match(4, [10, 11], 7)
+
+
+def test_a_non_integer_block_id_fails_before_any_change(tree: RadixTree) -> None:
+    with pytest.raises(TypeError):
+        tree.insert([1, 2, 3, 4], [10, "11"], 0)  # type: ignore[list-item]
+    assert tree.n_nodes == 0
+
+
+def test_a_sequence_may_extend_its_own_path_or_reinsert_a_prefix(tree: RadixTree) -> None:
+    tree.insert([1, 2, 3, 4], [10, 11], 7)
+    assert tree.insert([1, 2], [50], 7) == [10]
+    assert tree.insert([1, 2, 3, 4, 5, 6], [50, 51, 52], 7) == [10, 11, 52]
+    assert tree.match([1, 2, 3, 4, 5, 6]).seq_id == 7
+
+
+def test_block_size_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        RadixTree(0)
+
+
+TOKENS = st.lists(st.integers(0, 1), max_size=4 * BS + 1)
+
+
+class RadixMachine(RuleBasedStateMachine):
+    """Random insert/match/remove sequences on both models; answers and errors must agree."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tree = RadixTree(BS)
+        self.ref = RefRadix(BS)
+        self.next_id = 0
+
+    def _both(self, name: str, *args: Any) -> None:
+        try:
+            expected: Any = getattr(self.ref, name)(*args)
+        except (KeyError, ValueError) as exc:
+            with pytest.raises(type(exc)):
+                getattr(self.tree, name)(*args)
+            return
+        got = getattr(self.tree, name)(*args)
+        assert (tuple(got) if name == "match" else got) == expected, (name, args)
+
+    def _fresh_ids(self, n: int) -> list[int]:
+        self.next_id += n
+        return list(range(self.next_id - n, self.next_id))
+
+    @rule(tokens=TOKENS, seq=st.integers(-1, 3), data=st.data())
+    def insert(self, tokens: list[int], seq: int, data: st.DataObject) -> None:
+        tokens = tokens[: len(tokens) // BS * BS]
+        ids = self._fresh_ids(len(tokens) // BS)
+        in_tree = [node[0] for node in self.ref.nodes.values()]
+        corrupt = data.draw(st.integers(0, 9))  # now and then, an id the caller must not pass
+        if corrupt == 0 and ids and in_tree:
+            ids[data.draw(st.integers(0, len(ids) - 1))] = data.draw(st.sampled_from(in_tree))
+        elif corrupt == 1 and len(ids) >= 2:
+            ids[-1] = ids[0]
+        self._both("insert", tokens, ids, seq)
+
+    @rule(tokens=TOKENS)
+    def match(self, tokens: list[int]) -> None:
+        self._both("match", tokens)
+
+    @rule(data=st.data())
+    def remove_a_leaf(self, data: st.DataObject) -> None:
+        leaves = self.ref.leaves_lru()
+        if leaves:
+            self._both("remove_leaf", data.draw(st.sampled_from(leaves)))
+
+    @rule(block_id=st.integers(0, 40))
+    def remove_any(self, block_id: int) -> None:
+        self._both("remove_leaf", block_id)  # often not a leaf, or not in the tree
+
+    @invariant()
+    def trees_agree(self) -> None:
+        assert self.tree.n_nodes == len(self.ref.nodes)
+        assert self.tree.leaves_lru() == self.ref.leaves_lru()
+        assert self.tree.seqs_in_use() == self.ref.seqs_in_use()
+        for block_id, _, _ in self.ref.nodes.values():
+            assert block_id in self.tree
+            assert self.tree.is_leaf(block_id) == self.ref.is_leaf(block_id)
+
+
+RadixMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=25, deadline=None)
+test_radix_matches_reference = RadixMachine.TestCase

@@ -1,0 +1,25 @@
+# Layout of the block-aligned prefix tree; see radix.pyi for the public contract.
+
+
+cdef class _Node:
+    cdef _Node parent  # None for the root
+    cdef dict children  # tuple of block_size token ids -> _Node
+    cdef tuple key  # this node's block of tokens (the key under its parent)
+    cdef long long block_id  # kv_blocks id of this block; -1 for the root
+    cdef long long seq_id  # llama.cpp sequence whose cells hold the path down to here
+    cdef Py_ssize_t depth  # block index: tokens [depth * block_size, (depth + 1) * block_size)
+    cdef unsigned long long last_used
+
+
+cdef class RadixTree:
+    cdef Py_ssize_t _block_size
+    cdef _Node _root
+    cdef dict _by_block  # block id -> _Node
+    cdef dict _seq_tip  # seq id -> its deepest node
+    cdef dict _seq_count  # seq id -> nodes it owns (> 0)
+    cdef unsigned long long _clock
+
+    cdef list _walk(self, list tokens)
+    cdef int _touch(self, list path) except -1
+    cdef int _check_insertable(self, list path, list new_ids, long long seq_id) except -1
+    cdef _Node _owned_ancestor(self, _Node node)
