@@ -63,7 +63,8 @@ class EngineSnapshot(NamedTuple):
 class FrontendSlot(NamedTuple):
     """A frontend slot in use."""
 
-    index: int
+    # NOTE: shadows tuple.index on purpose (the name callers use); mypy objects to the override.
+    index: int  # type: ignore[assignment]
     pid: int
     heartbeat_ns: int
     pending_blocks: int

@@ -6,7 +6,6 @@ Kept apart from the test module so a child imports only the board, not pytest's 
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from tinyserve_native.board import Board, BoardError
@@ -61,13 +60,12 @@ def churn_one_slot(path: str, barrier: Any, rounds: int, queue: Any) -> None:
     queue.put(conflicts)
 
 
-def publish_counter(path: str, barrier: Any, seconds: float, queue: Any) -> None:
-    """Publish stats groups whose every field equals a counter, for ``seconds``."""
+def publish_counter(path: str, barrier: Any, stop: Any) -> None:
+    """Publish stats groups whose every field equals a counter, until ``stop`` is set."""
     k = 0
     with Board.attach(path) as board:
         barrier.wait()
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        while k % 256 or not stop.is_set():
             k += 1
             board.publish(
                 state=k,
@@ -81,4 +79,3 @@ def publish_counter(path: str, barrier: Any, seconds: float, queue: Any) -> None
                 drain_rate=float(k),
                 ticks=k,
             )
-    queue.put(k)

@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import stat
 import struct
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -267,15 +268,18 @@ def test_two_processes_churning_one_slot_never_both_own_it(path: str) -> None:
 
 def test_seqlock_snapshots_are_never_torn(path: str) -> None:
     with Board.create(path, frontend_slots=1) as board:
-        queue, barrier = SPAWN.Queue(), SPAWN.Barrier(2)
-        writer = _spawn(board_workers.publish_counter, path, barrier, 0.4, queue)
+        barrier, stop = SPAWN.Barrier(2), SPAWN.Event()
+        writer = _spawn(board_workers.publish_counter, path, barrier, stop)
         barrier.wait()
         seen: set[int] = set()
-        while writer.is_alive() and queue.empty():
+        # Read until many distinct groups went by, so the check is a real race even on a
+        # loaded machine; the deadline only bounds a starved run.
+        deadline = time.monotonic() + 10
+        while len(seen) < 200 and time.monotonic() < deadline:
             snap = board.snapshot()
             k = snap.ticks
             assert snap[3:11] == (k,) * 8 and snap.drain_rate == float(k), snap
             seen.add(k)
-        published = queue.get(timeout=30)
+        stop.set()
         _join(writer)
-    assert len(seen) > 100, f"only {len(seen)} of {published} groups observed: no real race"
+    assert len(seen) >= 200, f"only {len(seen)} groups observed: no real race"
