@@ -116,8 +116,10 @@ async def test_queue_full_when_too_many_wait(tmp_path_factory: pytest.TempPathFa
 async def test_disconnect_mid_decode_frees_the_slot_within_a_tick(node: Node, board: Board) -> None:
     async with aiohttp.ClientSession() as s:
         resp = await s.post(
-            f"{node.url}/generate", json={"prompt": "Count:", "max_tokens": 600, "stream": True}
+            f"{node.url}/generate",
+            json={"prompt": "1, 2, 3, 4, 5,", "max_tokens": 400, "stream": True},
         )
+        assert resp.status == 200, await resp.text()
         events = sse_events(resp)
         first = await anext(events)
         assert first["text"]
@@ -157,7 +159,7 @@ async def test_queue_and_request_timeouts(tmp_path_factory: pytest.TempPathFacto
     ).start()
     try:
         async with aiohttp.ClientSession() as s:
-            long = asyncio.create_task(generate(s, timed.url, prompt="Count:", max_tokens=1000))
+            long = asyncio.create_task(generate(s, timed.url, prompt="1, 2, 3, 4, 5,", max_tokens=1000))
             await asyncio.sleep(0.3)
             status, queued = await generate(s, timed.url, prompt="Hello", max_tokens=5)
             long_status, long_body = await long
