@@ -1,8 +1,9 @@
-"""HTTP error replies: one JSON shape for every error, ours and aiohttp's own.
+"""HTTP error replies: one JSON shape per API surface, for our errors and aiohttp's own.
 
-Every error body is ``{"error": {"type": ..., "message": ...}}``; a 503 adds ``"reason"``
+A native error body is ``{"error": {"type": ..., "message": ...}}``; a 503 adds ``"reason"``
 inside ``error`` and a ``Retry-After`` header, so a balancer (nginx) can retry elsewhere and a
-client knows when to come back.
+client knows when to come back. Under ``/v1/`` the body follows OpenAI's shape instead,
+``{"error": {"message", "type", "param", "code"}}``, with the same status and headers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ SERVICE_UNAVAILABLE = "service_unavailable"
 ENGINE_ERROR = "engine_error"
 INTERNAL_ERROR = "internal_error"
 REASON_ENGINE_UNAVAILABLE = "engine_unavailable"
+MODEL_NOT_FOUND = "model_not_found"
+
+# Paths whose errors take OpenAI's shape.
+OPENAI_PREFIX = "/v1/"
 
 # aiohttp raises these itself (unknown route, wrong method, body over client_max_size).
 _HTTP_TYPES = {
@@ -45,6 +50,8 @@ class ApiError(Exception):
         *,
         reason: str | None = None,
         retry_after: int | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -52,6 +59,8 @@ class ApiError(Exception):
         self.message = message
         self.reason = reason
         self.retry_after = retry_after
+        self.param = param  # the request field at fault, when one is
+        self.headers = headers or {}
         self.request_id: str | None = None  # set once the request was given an id
 
     def body(self) -> dict[str, dict[str, str]]:
@@ -61,19 +70,29 @@ class ApiError(Exception):
             error["reason"] = self.reason
         return {"error": error}
 
-    def response(self) -> web.Response:
-        """This error as an aiohttp response."""
-        headers: dict[str, str] = {}
+    def openai_body(self) -> dict[str, dict[str, str | None]]:
+        """This error in OpenAI's shape: ``type`` is OpenAI's class of error, ``code`` our
+        precise type (or the 503 reason), ``param`` the field at fault."""
+        type_ = "invalid_request_error" if self.status < 500 else "server_error"
+        code = self.reason or self.type
+        return {
+            "error": {"message": self.message, "type": type_, "param": self.param, "code": code}
+        }
+
+    def response(self, *, openai: bool = False) -> web.Response:
+        """This error as an aiohttp response, in the native or the OpenAI shape."""
+        headers = dict(self.headers)
         if self.retry_after is not None:
             headers["Retry-After"] = str(self.retry_after)
         if self.request_id is not None:
             headers["X-Request-Id"] = self.request_id
-        return web.json_response(self.body(), status=self.status, headers=headers)
+        body = self.openai_body() if openai else self.body()
+        return web.json_response(body, status=self.status, headers=headers)
 
 
-def invalid(message: str) -> ApiError:
-    """A 400 for input that does not follow the API."""
-    return ApiError(400, INVALID_REQUEST, message)
+def invalid(message: str, param: str | None = None) -> ApiError:
+    """A 400 for input that does not follow the API; ``param`` names the field at fault."""
+    return ApiError(400, INVALID_REQUEST, message, param=param)
 
 
 def too_long(message: str) -> ApiError:
@@ -88,25 +107,30 @@ def unavailable(reason: str, message: str, retry_after: int) -> ApiError:
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn ``ApiError`` and aiohttp's own HTTP errors into the JSON error shape."""
+    """Turn ``ApiError`` and aiohttp's own HTTP errors into the JSON error shape of the path."""
+    openai = is_openai_path(request.path)
     try:
         return await handler(request)
     except ApiError as exc:
-        return exc.response()
+        return exc.response(openai=openai)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _from_http_exception(exc)
+        return _from_http_exception(exc).response(openai=openai)
     except Exception:
         # A bug of ours: the client still gets the JSON shape, the log gets the traceback.
         log.exception("unhandled error", extra=fields(path=request.path))
-        return ApiError(500, INTERNAL_ERROR, "internal server error").response()
+        return ApiError(500, INTERNAL_ERROR, "internal server error").response(openai=openai)
 
 
-def _from_http_exception(exc: web.HTTPException) -> web.Response:
+def is_openai_path(path: str) -> bool:
+    """Whether errors on ``path`` take OpenAI's shape."""
+    return path.startswith(OPENAI_PREFIX)
+
+
+def _from_http_exception(exc: web.HTTPException) -> ApiError:
     type_ = _HTTP_TYPES.get(exc.status, INVALID_REQUEST if exc.status < 500 else INTERNAL_ERROR)
-    body = {"error": {"type": type_, "message": exc.reason}}
-    # Allow (405) and similar headers stay meaningful; the content type is ours.
-    headers = {k: v for k, v in exc.headers.items() if k.lower() not in {"content-type"}}
-    headers.pop("Content-Length", None)
-    return web.json_response(body, status=exc.status, headers=headers)
+    # Allow (405) and similar headers stay meaningful; the content type and length are ours.
+    skip = {"content-type", "content-length"}
+    headers = {k: v for k, v in exc.headers.items() if k.lower() not in skip}
+    return ApiError(exc.status, type_, exc.reason, headers=headers)

@@ -18,10 +18,11 @@ from aiohttp import web
 
 from tinyserve.config import Config
 from tinyserve.frontend.api_errors import error_middleware
+from tinyserve.frontend.chat_template import ChatTemplate
 from tinyserve.frontend.engine_client import EngineClient
 from tinyserve.frontend.engine_link import EngineLink
 from tinyserve.frontend.handlers import add_routes
-from tinyserve.frontend.keys import CLIENT, CONFIG, LINK, TOKENIZER
+from tinyserve.frontend.keys import CHAT_TEMPLATE, CLIENT, CONFIG, LINK, TOKENIZER
 from tinyserve.frontend.tokenizer import Tokenizer
 from tinyserve.logs import fields
 
@@ -47,6 +48,7 @@ async def _stamp_frontend(_request: web.Request, response: web.StreamResponse) -
 async def _tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
     tokenizer = await Tokenizer.load(app[CONFIG])
     app[TOKENIZER] = tokenizer
+    app[CHAT_TEMPLATE] = ChatTemplate.of_model(tokenizer.facts)
     yield
     tokenizer.close()
 

@@ -1,31 +1,20 @@
-"""HTTP routes: ``POST /generate``, ``GET /health``, ``GET /ready``.
+"""HTTP routes: ``POST /generate``, ``GET /health``, ``GET /ready``; ``add_routes`` also
+registers the OpenAI-compatible routes (``openai_api``) and ``GET /openapi.json``.
 
-``/generate`` runs validate -> tokenize -> admit -> submit -> wait for the engine's first word
-(accepted or rejected) -> reply. Headers go out only after that first word, so an engine-side
-rejection is still a proper 503 and not a stream that ends in an error.
+``/generate`` parses its body and runs the shared pipeline (``pipeline.run``: tokenize ->
+admit -> submit -> wait for the engine's first word -> reply) with the native reply format.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
-
 from aiohttp import web
 
-from tinyserve import protocol
-from tinyserve.frontend import admission
-from tinyserve.frontend.api_errors import ApiError
-from tinyserve.frontend.engine_client import EngineUnreachable
-from tinyserve.frontend.keys import CLIENT, CONFIG, LINK, TOKENIZER
-from tinyserve.frontend.replies import (
-    ReplyContext,
-    engine_unavailable,
-    finish_error,
-    json_reply,
-    rejection_error,
-    sse_reply,
-)
-from tinyserve.frontend.validation import GenerateRequest, check_prompt_fits, parse_generate
+from tinyserve.frontend import admission, pipeline
+from tinyserve.frontend.keys import CONFIG, LINK
+from tinyserve.frontend.openai_api import add_openai_routes
+from tinyserve.frontend.openapi import add_openapi_route
+from tinyserve.frontend.replies import engine_unavailable, native_reply, rejection_error
+from tinyserve.frontend.validation import parse_generate
 
 
 async def health(request: web.Request) -> web.Response:
@@ -46,82 +35,8 @@ async def ready(request: web.Request) -> web.Response:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     """Generate a completion for one prompt; JSON or SSE as the request asks."""
-    app = request.app
-    req = parse_generate(await request.read(), app[CONFIG])
-    ack = app[LINK].ack
-    if ack is None:
-        raise engine_unavailable()
-    prompt_ids = await app[TOKENIZER].tokenize(req.prompt)
-    check_prompt_fits(len(prompt_ids), req.max_tokens, ack.n_ctx)
-    blocks = _admit(request, len(prompt_ids), req.max_tokens)
-    submit = _submit_message(req, prompt_ids, app[CLIENT].frontend_id)
-    try:
-        return await _forward(request, req, submit, blocks)
-    except ApiError as exc:
-        exc.request_id = submit.request_id
-        raise
-
-
-def _admit(request: web.Request, prompt_tokens: int, max_tokens: int) -> int:
-    """Check the board; returns the request's worst-case KV blocks or raises the rejection."""
-    link = request.app[LINK]
-    limits, load = link.limits, link.load()
-    if limits is None or load is None:
-        raise engine_unavailable()
-    rejection = admission.admit(prompt_tokens, max_tokens, limits, load)
-    if rejection is not None:
-        raise rejection_error(rejection)
-    return admission.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
-
-
-def _submit_message(
-    req: GenerateRequest, prompt_ids: list[int], frontend_id: str
-) -> protocol.Submit:
-    sampling = protocol.SamplingParams(
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        seed=req.seed,
-        stop=req.stop,
-    )
-    return protocol.Submit(
-        request_id=uuid.uuid4().hex,
-        frontend_id=frontend_id,
-        prompt_ids=prompt_ids,
-        sampling=sampling,
-        max_tokens=req.max_tokens,
-        priority=req.priority,
-        tenant=req.tenant,
-        arrival_ns=time.monotonic_ns(),
-        want_timeline=req.timeline,
-    )
-
-
-async def _forward(
-    request: web.Request, req: GenerateRequest, submit: protocol.Submit, blocks: int
-) -> web.StreamResponse:
-    """Send the request, reply from its stream, and make sure it does not outlive the handler."""
-    client, link = request.app[CLIENT], request.app[LINK]
-    try:
-        stream = client.submit(submit, blocks)
-    except EngineUnreachable as exc:
-        raise engine_unavailable() from exc
-    link.publish()
-    try:
-        early = await stream.acknowledged()
-        error = finish_error(early, link.load()) if early is not None else None
-        if error is not None:
-            raise error
-        ctx = ReplyContext(submit.request_id, len(submit.prompt_ids), req.timeline, link.load)
-        if req.stream:
-            return await sse_reply(request, stream, ctx)
-        return await json_reply(stream, ctx)
-    finally:
-        # Client gone (handler cancelled) or a failure of ours: the engine must not keep
-        # generating for nobody. cancel() never waits, so this cannot hang a cancelled task.
-        if not stream.engine_finished:
-            client.cancel(submit.request_id)
-        client.release(submit.request_id)
+    req = parse_generate(await request.read(), request.app[CONFIG])
+    return await pipeline.run(request, req, native_reply)
 
 
 def add_routes(app: web.Application) -> None:
@@ -129,3 +44,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/generate", generate)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
+    add_openai_routes(app)
+    add_openapi_route(app)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from tinyserve.config import Config
+from tinyserve.frontend.chat_template import ChatTemplate
 from tinyserve.frontend.engine_client import EngineClient
 from tinyserve.frontend.engine_link import EngineLink
 from tinyserve.frontend.tokenizer import Tokenizer
@@ -13,3 +14,4 @@ CONFIG = web.AppKey("config", Config)
 CLIENT = web.AppKey("engine_client", EngineClient)
 LINK = web.AppKey("engine_link", EngineLink)
 TOKENIZER = web.AppKey("tokenizer", Tokenizer)
+CHAT_TEMPLATE = web.AppKey("chat_template", ChatTemplate)

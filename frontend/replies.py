@@ -1,5 +1,9 @@
 """Turning a request's stream into the HTTP reply: one JSON object, or Server-Sent Events.
 
+The machinery every API surface shares lives here (``collect`` for a whole output,
+``write_sse`` for an event stream that always ends, ``finish_error`` for the error a finish
+maps to), and so does the native ``/generate`` format on top of it:
+
 JSON: ``{"id", "text", "finish_reason", "usage": {"prompt_tokens", "completion_tokens"}}``.
 SSE: ``data: {"id", "text"}`` per non-empty text delta, then exactly one final event,
 ``{"id", "text": "", "finish_reason", "usage"}`` or, on failure,
@@ -12,9 +16,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -49,6 +53,38 @@ class ReplyContext:
     prompt_tokens: int  # our own count, used when the engine's final update has none
     want_timeline: bool
     load: Callable[[], Load | None]  # current load, for a Retry-After computed at reply time
+    stream: bool = False  # the client asked for server-sent events
+
+    def prompt_tokens_of(self, finish: Finish) -> int:
+        """The prompt's length: the engine's figure, else our own count."""
+        return finish.prompt_tokens or self.prompt_tokens
+
+
+# How a surface answers once the engine accepted a request: the pipeline hands it the stream.
+Reply = Callable[[web.Request, RequestStream, ReplyContext], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Output:
+    """A request's whole output, for a reply that is sent only once it is complete."""
+
+    finish: Finish
+    text: str = ""
+    tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[list[Any]] = field(default_factory=list)
+
+
+class EventSource(Protocol):
+    """One reply's server-sent events, as ``write_sse`` writes them."""
+
+    def events(self) -> AsyncGenerator[bytes, None]:
+        """Every event of the reply, its end included."""
+        ...
+
+    def failure_events(self) -> list[bytes]:
+        """What ends the stream after a bug of ours; nothing when its end already went out."""
+        ...
 
 
 def rejection_error(rejection: Rejection) -> ApiError:
@@ -77,70 +113,117 @@ def finish_error(finish: Finish, load: Load | None) -> ApiError | None:
     return ApiError(500, ENGINE_ERROR, finish.detail or "engine error")
 
 
-async def json_reply(stream: RequestStream, ctx: ReplyContext) -> web.Response:
-    """Wait for the whole output; reply 200 with it, or with the error the finish maps to."""
+async def collect(stream: RequestStream) -> Output:
+    """Wait for the whole output of ``stream``."""
     parts: list[str] = []
     tokens = 0
+    token_ids: list[int] = []
+    logprobs: list[list[Any]] = []
     finish: Finish | None = None
     async for piece in stream.pieces():
         parts.append(piece.text)
         tokens += piece.tokens
+        token_ids += piece.token_ids
+        logprobs += piece.logprobs
         finish = piece.finish
     assert finish is not None
-    error = finish_error(finish, ctx.load())
+    return Output(finish, "".join(parts), tokens, token_ids, logprobs)
+
+
+async def write_sse(
+    request: web.Request, request_id: str, source: EventSource
+) -> web.StreamResponse:
+    """Send ``source``'s events as they come; a stream always ends, even after a bug of ours."""
+    response = web.StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": request_id})
+    await response.prepare(request)
+    try:
+        async with contextlib.aclosing(source.events()) as events:
+            async for event in events:
+                await response.write(event)
+        await response.write_eof()
+    except ConnectionResetError:
+        # The client is gone; the handler's cleanup cancels the request in the engine.
+        log.info("client went away mid-stream", extra=fields(request_id=request_id))
+    except Exception:
+        # A bug of ours after the headers went out: still end the stream the way the API says.
+        log.exception("stream failed", extra=fields(request_id=request_id))
+        with contextlib.suppress(ConnectionResetError):
+            for event in source.failure_events():
+                await response.write(event)
+            await response.write_eof()
+    return response
+
+
+def sse_event(data: dict[str, Any] | str) -> bytes:
+    """One ``data:`` event; a string goes out as it is (``[DONE]``)."""
+    payload = data if isinstance(data, str) else dumps(data)
+    return b"data: " + payload.encode("utf-8") + b"\n\n"
+
+
+def dumps(data: Any) -> str:
+    """JSON for a reply body or event."""
+    # default=str: an engine timeline value JSON cannot hold must not break a finished reply.
+    return json.dumps(data, ensure_ascii=False, default=str)
+
+
+# -- the native /generate format ----------------------------------------------------------------
+
+
+async def native_reply(
+    request: web.Request, stream: RequestStream, ctx: ReplyContext
+) -> web.StreamResponse:
+    """``/generate``'s reply: SSE or one JSON object, as the request asked."""
+    if ctx.stream:
+        return await write_sse(request, ctx.request_id, _NativeEvents(stream, ctx))
+    return await json_reply(stream, ctx)
+
+
+async def json_reply(stream: RequestStream, ctx: ReplyContext) -> web.Response:
+    """Wait for the whole output; reply 200 with it, or with the error the finish maps to."""
+    output = await collect(stream)
+    error = finish_error(output.finish, ctx.load())
     if error is not None:
         error.request_id = ctx.request_id
         return error.response()
     body: dict[str, Any] = {
         "id": ctx.request_id,
-        "text": "".join(parts),
-        "finish_reason": finish.reason,
-        "usage": _usage(ctx, finish, tokens),
+        "text": output.text,
+        "finish_reason": output.finish.reason,
+        "usage": _usage(ctx, output.finish, output.tokens),
     }
-    _add_timeline(body, ctx, finish)
-    return web.json_response(body, headers={"X-Request-Id": ctx.request_id}, dumps=_dumps)
+    _add_timeline(body, ctx, output.finish)
+    return web.json_response(body, headers={"X-Request-Id": ctx.request_id}, dumps=dumps)
 
 
-async def sse_reply(
-    request: web.Request, stream: RequestStream, ctx: ReplyContext
-) -> web.StreamResponse:
-    """Stream text deltas as they are decoded, then the one final event."""
-    response = web.StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
-    await response.prepare(request)
-    tokens = 0
-    final_sent = False
-    try:
-        async for piece in stream.pieces():
-            tokens += piece.tokens
+class _NativeEvents:
+    """Text deltas as they are decoded, then the one final event."""
+
+    def __init__(self, stream: RequestStream, ctx: ReplyContext) -> None:
+        self._stream = stream
+        self._ctx = ctx
+        self._tokens = 0
+        self._final_sent = False
+
+    async def events(self) -> AsyncGenerator[bytes, None]:
+        ctx = self._ctx
+        async for piece in self._stream.pieces():
+            self._tokens += piece.tokens
             if piece.text:
-                await response.write(_event({"id": ctx.request_id, "text": piece.text}))
+                yield sse_event({"id": ctx.request_id, "text": piece.text})
             if piece.finish is not None:
-                await response.write(_event(_final_event(ctx, piece.finish, tokens)))
-                final_sent = True
-        await response.write_eof()
-    except ConnectionResetError:
-        # The client is gone; the handler's cleanup cancels the request in the engine.
-        log.info("client went away mid-stream", extra=fields(request_id=ctx.request_id))
-    except Exception:
-        # A bug of ours after the headers went out: still end with the one final event.
-        log.exception("stream failed", extra=fields(request_id=ctx.request_id))
-        if not final_sent:
-            await _write_internal_error(response, ctx, tokens)
-    return response
+                yield sse_event(_final_event(ctx, piece.finish, self._tokens))
+                self._final_sent = True  # resumed only once the final event was written
 
-
-async def _write_internal_error(
-    response: web.StreamResponse, ctx: ReplyContext, tokens: int
-) -> None:
-    event = {
-        "id": ctx.request_id,
-        "error": {"type": INTERNAL_ERROR, "message": "internal server error"},
-        "finish_reason": protocol.FINISH_ERROR,
-        "usage": {"prompt_tokens": ctx.prompt_tokens, "completion_tokens": tokens},
-    }
-    with contextlib.suppress(ConnectionResetError):
-        await response.write(_event(event))
-        await response.write_eof()
+    def failure_events(self) -> list[bytes]:
+        if self._final_sent:
+            return []
+        event = {
+            "id": self._ctx.request_id,
+            "error": {"type": INTERNAL_ERROR, "message": "internal server error"},
+            "finish_reason": protocol.FINISH_ERROR,
+            "usage": {"prompt_tokens": self._ctx.prompt_tokens, "completion_tokens": self._tokens},
+        }
+        return [sse_event(event)]
 
 
 def _final_event(ctx: ReplyContext, finish: Finish, tokens: int) -> dict[str, Any]:
@@ -156,19 +239,9 @@ def _final_event(ctx: ReplyContext, finish: Finish, tokens: int) -> dict[str, An
 
 
 def _usage(ctx: ReplyContext, finish: Finish, completion_tokens: int) -> dict[str, int]:
-    prompt_tokens = finish.prompt_tokens or ctx.prompt_tokens
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+    return {"prompt_tokens": ctx.prompt_tokens_of(finish), "completion_tokens": completion_tokens}
 
 
 def _add_timeline(body: dict[str, Any], ctx: ReplyContext, finish: Finish) -> None:
     if ctx.want_timeline and finish.timeline is not None:
         body["timeline"] = finish.timeline
-
-
-def _dumps(data: Any) -> str:
-    # default=str: an engine timeline value JSON cannot hold must not break a finished reply.
-    return json.dumps(data, ensure_ascii=False, default=str)
-
-
-def _event(data: dict[str, Any]) -> bytes:
-    return b"data: " + _dumps(data).encode("utf-8") + b"\n\n"

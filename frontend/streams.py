@@ -30,16 +30,20 @@ class Finish:
     prompt_tokens: int = 0
     timeline: dict[str, Any] | None = None
     engine_down: bool = False
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 @dataclass(frozen=True)
 class Piece:
-    """One step of a request's output: decoded text, how many tokens made it, maybe the end."""
+    """One step of a request's output: decoded text, how many tokens made it, maybe the end.
+    ``token_ids`` and ``logprobs`` are the engine's, one logprobs entry per token when asked."""
 
     text: str
     tokens: int = 0
     events: list[protocol.Event] = field(default_factory=list)
     finish: Finish | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[list[Any]] = field(default_factory=list)
 
 
 class RequestStream:
@@ -115,7 +119,9 @@ class RequestStream:
             text = self._decoder.decode(item.text)
             if finish is not None:
                 self._drop_partial_character()
-            yield Piece(text, len(item.token_ids), item.events, finish)
+            yield Piece(
+                text, len(item.token_ids), item.events, finish, item.token_ids, item.logprobs
+            )
             if finish is not None:
                 return
 
@@ -137,4 +143,10 @@ def _has_event(update: protocol.RequestUpdate, kind: str) -> bool:
 
 def _finish_of(update: protocol.RequestUpdate) -> Finish:
     assert update.finish_reason is not None
-    return Finish(update.finish_reason, update.detail, update.prompt_tokens, update.timeline)
+    return Finish(
+        update.finish_reason,
+        update.detail,
+        update.prompt_tokens,
+        update.timeline,
+        cached_tokens=update.cached_tokens,
+    )

@@ -1,6 +1,7 @@
 """Parsing a ``POST /generate`` body into a typed request; every bad input is a 400 naming why.
 
-The rules are the API's contract, so they live here in one place and are tested case by case.
+The rules are the API's contract, so they live here in one place and are tested case by case;
+the ``check_*`` field checkers are shared with the OpenAI surface (``openai_schema``).
 A ``bool`` is never accepted where a number is asked for, although Python treats it as an int.
 """
 
@@ -20,8 +21,9 @@ MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 64
 PRIORITY_RANGE = (-10, 10)
 TEMPERATURE_MAX = 2.0
+PENALTY_RANGE = (-2.0, 2.0)
 SEED_MAX = 2**32 - 1  # llama.cpp seeds are uint32
-_TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
+TENANT_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 FIELDS = frozenset(
     {
@@ -55,33 +57,44 @@ class GenerateRequest:
     priority: int = 0
     tenant: str = "default"
     timeline: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int = -1  # alternatives per token to report; -1: no logprobs
 
 
 def parse_generate(body: bytes, config: Config) -> GenerateRequest:
     """Parse and check a request body; raises a 400 ``ApiError`` on any violation."""
-    data = _load_object(body)
+    data = load_object(body)
     unknown = sorted(set(data) - FIELDS)
     if unknown:
-        raise invalid(f"unknown field {unknown[0]!r}")
+        raise invalid(f"unknown field {unknown[0]!r}", unknown[0])
     return GenerateRequest(
-        prompt=_prompt(data.get("prompt")),
-        max_tokens=_max_tokens(data.get("max_tokens"), config),
-        stream=_optional(data, "stream", _bool, False),
-        temperature=_optional(data, "temperature", _temperature, 0.0),
-        top_p=_optional(data, "top_p", _top_p, 1.0),
-        top_k=_optional(data, "top_k", _top_k, 0),
-        seed=_optional(data, "seed", _seed, None),
-        stop=_optional(data, "stop", _stop, []),
-        priority=_optional(data, "priority", _priority, 0),
-        tenant=_optional(data, "tenant", _tenant, "default"),
-        timeline=_optional(data, "timeline", _bool, False),
+        prompt=check_prompt(data.get("prompt")),
+        max_tokens=check_max_tokens("max_tokens", data.get("max_tokens"), config),
+        timeline=optional(data, "timeline", check_bool, False),
+        **common_fields(data),
     )
+
+
+def common_fields(data: dict[str, Any], *, temperature: float = 0.0) -> dict[str, Any]:
+    """The sampling and scheduling fields every surface shares, checked: keyword arguments of
+    ``GenerateRequest``. ``temperature`` is the surface's default (OpenAI's is 1)."""
+    return {
+        "stream": optional(data, "stream", check_bool, False),
+        "temperature": optional(data, "temperature", check_temperature, temperature),
+        "top_p": optional(data, "top_p", check_top_p, 1.0),
+        "top_k": optional(data, "top_k", check_top_k, 0),
+        "seed": optional(data, "seed", check_seed, None),
+        "stop": optional(data, "stop", check_stop, []),
+        "priority": optional(data, "priority", check_priority, 0),
+        "tenant": optional(data, "tenant", check_tenant, "default"),
+    }
 
 
 def check_prompt_fits(prompt_tokens: int, max_tokens: int, n_ctx: int) -> None:
     """After tokenizing: an empty prompt, or one that cannot fit ``n_ctx``, is a 400."""
     if prompt_tokens == 0:
-        raise invalid("'prompt' tokenizes to 0 tokens")
+        raise invalid("'prompt' tokenizes to 0 tokens", "prompt")
     if prompt_tokens + max_tokens > n_ctx:
         raise too_long(
             f"prompt_tokens ({prompt_tokens}) + max_tokens ({max_tokens}) exceeds "
@@ -89,7 +102,16 @@ def check_prompt_fits(prompt_tokens: int, max_tokens: int, n_ctx: int) -> None:
         )
 
 
-def _load_object(body: bytes) -> dict[str, Any]:
+def check_token_ids(prompt_ids: list[int], n_vocab: int) -> None:
+    """A prompt given as token ids must name tokens of the served model."""
+    bad = next((t for t in prompt_ids if t >= n_vocab), None)
+    if bad is not None:
+        raise invalid(
+            f"'prompt' token id {bad} is not in the vocabulary (size {n_vocab})", "prompt"
+        )
+
+
+def load_object(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body)
     # RecursionError: a deeply nested body must be a 400, not a crash of the handler.
@@ -100,7 +122,7 @@ def _load_object(body: bytes) -> dict[str, Any]:
     return data
 
 
-def _optional(
+def optional(
     data: dict[str, Any], name: str, check: Callable[[str, Any], Any], default: Any
 ) -> Any:
     """``check`` the field when present; JSON null means "use the default" (seed: "random")."""
@@ -109,95 +131,104 @@ def _optional(
     return check(name, data[name])
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     # math.isfinite() overflows on huge ints; every int is finite anyway.
-    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+    return is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
-def _prompt(value: Any) -> str:
+def check_prompt(value: Any) -> str:
+    """A required, non-empty prompt string."""
     if value is None:
-        raise invalid("'prompt' is required")
+        raise invalid("'prompt' is required", "prompt")
     if not isinstance(value, str):
-        raise invalid("'prompt' must be a string")
+        raise invalid("'prompt' must be a string", "prompt")
     if not value:
-        raise invalid("'prompt' must not be empty")
-    return _encodable("prompt", value)
+        raise invalid("'prompt' must not be empty", "prompt")
+    return encodable("prompt", value)
 
 
-def _encodable(name: str, value: str) -> str:
+def encodable(name: str, value: str) -> str:
     # JSON may carry lone surrogates (a \ud800 escape), which no UTF-8 encoder accepts later.
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise invalid(f"{name!r} is not valid Unicode: {exc.reason}") from exc
+        raise invalid(f"{name!r} is not valid Unicode: {exc.reason}", name) from exc
     return value
 
 
-def _max_tokens(value: Any, config: Config) -> int:
+def check_max_tokens(name: str, value: Any, config: Config) -> int:
+    """An output length within the configured limit; None is the configured default."""
     if value is None:
         return config.default_max_tokens
-    if not _is_int(value):
-        raise invalid("'max_tokens' must be an integer")
+    if not is_int(value):
+        raise invalid(f"{name!r} must be an integer", name)
     if not 1 <= value <= config.max_tokens_limit:
-        raise invalid(f"'max_tokens' must be between 1 and {config.max_tokens_limit}")
+        raise invalid(f"{name!r} must be between 1 and {config.max_tokens_limit}", name)
     return int(value)
 
 
-def _bool(name: str, value: Any) -> bool:
+def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise invalid(f"{name!r} must be a boolean")
+        raise invalid(f"{name!r} must be a boolean", name)
     return value
 
 
-def _temperature(name: str, value: Any) -> float:
-    if not _is_number(value) or not 0.0 <= value <= TEMPERATURE_MAX:
-        raise invalid(f"{name!r} must be a number between 0 and {TEMPERATURE_MAX:g}")
+def check_temperature(name: str, value: Any) -> float:
+    if not is_number(value) or not 0.0 <= value <= TEMPERATURE_MAX:
+        raise invalid(f"{name!r} must be a number between 0 and {TEMPERATURE_MAX:g}", name)
     return float(value)
 
 
-def _top_p(name: str, value: Any) -> float:
-    if not _is_number(value) or not 0.0 < value <= 1.0:
-        raise invalid(f"{name!r} must be a number in (0, 1]")
+def check_top_p(name: str, value: Any) -> float:
+    if not is_number(value) or not 0.0 < value <= 1.0:
+        raise invalid(f"{name!r} must be a number in (0, 1]", name)
     return float(value)
 
 
-def _top_k(name: str, value: Any) -> int:
-    if not _is_int(value) or value < 0:
-        raise invalid(f"{name!r} must be an integer >= 0 (0: off)")
+def check_top_k(name: str, value: Any) -> int:
+    if not is_int(value) or value < 0:
+        raise invalid(f"{name!r} must be an integer >= 0 (0: off)", name)
     return int(value)
 
 
-def _seed(name: str, value: Any) -> int | None:
+def check_seed(name: str, value: Any) -> int | None:
     if value is None:
         return None
-    if not _is_int(value) or not 0 <= value <= SEED_MAX:
-        raise invalid(f"{name!r} must be null or an integer between 0 and {SEED_MAX}")
+    if not is_int(value) or not 0 <= value <= SEED_MAX:
+        raise invalid(f"{name!r} must be null or an integer between 0 and {SEED_MAX}", name)
     return int(value)
 
 
-def _stop(name: str, value: Any) -> list[str]:
+def check_stop(name: str, value: Any) -> list[str]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-        raise invalid(f"{name!r} must be a string or a list of strings")
+        raise invalid(f"{name!r} must be a string or a list of strings", name)
     if len(items) > MAX_STOP_STRINGS:
-        raise invalid(f"{name!r} may hold at most {MAX_STOP_STRINGS} strings")
+        raise invalid(f"{name!r} may hold at most {MAX_STOP_STRINGS} strings", name)
     if not all(1 <= len(s) <= MAX_STOP_CHARS for s in items):
-        raise invalid(f"each {name!r} string must be 1 to {MAX_STOP_CHARS} characters")
-    return [_encodable(name, s) for s in items]
+        raise invalid(f"each {name!r} string must be 1 to {MAX_STOP_CHARS} characters", name)
+    return [encodable(name, s) for s in items]
 
 
-def _priority(name: str, value: Any) -> int:
+def check_priority(name: str, value: Any) -> int:
     low, high = PRIORITY_RANGE
-    if not _is_int(value) or not low <= value <= high:
-        raise invalid(f"{name!r} must be an integer between {low} and {high}")
+    if not is_int(value) or not low <= value <= high:
+        raise invalid(f"{name!r} must be an integer between {low} and {high}", name)
     return int(value)
 
 
-def _tenant(name: str, value: Any) -> str:
-    if not isinstance(value, str) or not _TENANT.fullmatch(value):
-        raise invalid(f"{name!r} must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_', '-'")
+def check_tenant(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not TENANT_PATTERN.fullmatch(value):
+        raise invalid(f"{name!r} must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_', '-'", name)
     return value
+
+
+def check_penalty(name: str, value: Any) -> float:
+    low, high = PENALTY_RANGE
+    if not is_number(value) or not low <= value <= high:
+        raise invalid(f"{name!r} must be a number between {low:g} and {high:g}", name)
+    return float(value)

@@ -2,8 +2,11 @@
 
 Each node is one full block of ``block_size`` token ids under its parent (the root is the
 empty prefix). A node names the kv_blocks id that accounts for that block and the llama.cpp
-sequence whose KV cells hold it; that sequence holds the whole path from the root too, so
-the deepest node of a match names a sequence to copy the entire matched prefix from.
+sequence (its ``owner``) whose KV cells hold it. When the sequence passed to ``insert``
+holds the whole path from position 0 (a finished request's own sequence), the deepest node
+of a match names one sequence to copy the entire matched prefix from (``Match.seq_id``);
+a caller that parks only the new blocks in a cache sequence instead copies each run of
+blocks from its ``owner``. Both work with the ranges ``remove_leaf`` returns.
 
 Invariant, enforced by ``insert``: the nodes a sequence owns lie on one root path (a
 sequence's cells hold one token sequence). Hence a leaf is always the deepest node of its
@@ -78,6 +81,12 @@ class RadixTree:
         """
     def is_leaf(self, block_id: int) -> bool:
         """Whether the node holding ``block_id`` has no children; ``KeyError`` if none does."""
+    def owner(self, block_id: int) -> int:
+        """The sequence whose cells hold the node's block; ``KeyError`` if no node holds it."""
+    def path_tokens(self, block_id: int) -> list[int]:
+        """The tokens from the root through the node's block, a multiple of ``block_size``
+        long; ``KeyError`` if no node holds it.
+        """
     def leaves_lru(self) -> list[int]:
         """Leaf block ids, least recently used (by ``match``/``insert``) first."""
     def seqs_in_use(self) -> set[int]:

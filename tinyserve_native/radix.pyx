@@ -139,6 +139,19 @@ cdef class RadixTree:
         """Whether the node for ``block_id`` has no children (``KeyError`` if absent)."""
         return not (<_Node>self._by_block[block_id]).children
 
+    def owner(self, long long block_id) -> int:
+        """The sequence whose cells hold the node's block (``KeyError`` if absent)."""
+        return (<_Node>self._by_block[block_id]).seq_id
+
+    def path_tokens(self, long long block_id) -> list:
+        """The tokens from the root through the node's block (``KeyError`` if absent)."""
+        cdef _Node node = self._by_block[block_id]
+        cdef list keys = []
+        while node is not self._root:
+            keys.append(node.key)
+            node = node.parent
+        return [token for key in reversed(keys) for token in key]
+
     def leaves_lru(self) -> list:
         """Leaf block ids, least recently used first."""
         leaves = [n for n in self._by_block.values() if not (<_Node>n).children]

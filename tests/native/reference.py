@@ -183,6 +183,12 @@ class RefRadix:
         still_owned = [len(k) for k, node in self.nodes.items() if node[1] == seq_id]
         return seq_id, max(still_owned, default=0), len(key)
 
+    def owner(self, block_id: int) -> int:
+        return self.nodes[self._key_of(block_id)][1]
+
+    def path_tokens(self, block_id: int) -> list[int]:
+        return list(self._key_of(block_id))
+
     def leaves_lru(self) -> list[int]:
         leaves = [node for key, node in self.nodes.items() if not self._has_children(key)]
         return [node[0] for node in sorted(leaves, key=lambda node: node[2])]

@@ -48,6 +48,16 @@ def test_insert_keeps_existing_nodes_and_reports_them(tree: RadixTree) -> None:
     assert tree.seqs_in_use() == {0, 1}
 
 
+def test_owner_and_path_name_each_block(tree: RadixTree) -> None:
+    tree.insert([1, 2], [10], 0)
+    tree.insert([1, 2, 3, 4], [20, 21], 1)
+    assert [tree.owner(b) for b in (10, 21)] == [0, 1]
+    assert tree.path_tokens(21) == [1, 2, 3, 4]
+    assert tree.path_tokens(10) == [1, 2]
+    with pytest.raises(KeyError):
+        tree.owner(20)  # the duplicate the tree did not take
+
+
 def test_remove_leaf_frees_the_tail_its_sequence_no_longer_needs(tree: RadixTree) -> None:
     tree.insert([1, 2], [10], 0)
     tree.insert([1, 2, 3, 4], [20, 21], 1)  # seq 1 owns only [3, 4]
@@ -174,6 +184,8 @@ class RadixMachine(RuleBasedStateMachine):
         for block_id, _, _ in self.ref.nodes.values():
             assert block_id in self.tree
             assert self.tree.is_leaf(block_id) == self.ref.is_leaf(block_id)
+            assert self.tree.owner(block_id) == self.ref.owner(block_id)
+            assert self.tree.path_tokens(block_id) == self.ref.path_tokens(block_id)
 
 
 RadixMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=25, deadline=None)

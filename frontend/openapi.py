@@ -1,0 +1,116 @@
+"""The OpenAPI 3.1 document of the whole HTTP surface, served at ``GET /openapi.json``.
+
+``OPERATIONS`` lists every route with its bodies; a test checks it against ``app.router``, so
+a route added without a description here fails the suite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from aiohttp import web
+
+from tinyserve.frontend.openapi_schemas import SCHEMAS, Schema, ref
+
+OPENAPI_VERSION = "3.1.0"
+SSE = "text/event-stream"
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One route: what it takes, what it answers, which errors it can give."""
+
+    method: str
+    path: str
+    summary: str
+    ok: str  # component schema of the 200 JSON body
+    request: str | None = None  # component schema of the JSON request body
+    events: str | None = None  # component schema of one SSE event, when it can stream
+    errors: tuple[int, ...] = ()
+    error_schema: str = "Error"
+
+
+_GENERATION_ERRORS = (400, 404, 500, 503)
+OPERATIONS: tuple[Operation, ...] = (
+    Operation("post", "/generate", "Generate a completion (native API)", "GenerateReply",
+              "GenerateRequest", "GenerateEvent", (400, 500, 503)),
+    Operation("get", "/health", "200 while the process runs", "Status"),
+    Operation("get", "/ready", "200 once an engine serves this frontend", "Status",
+              errors=(503,)),
+    Operation("get", "/v1/models", "The served model", "ModelList", errors=(503,),
+              error_schema="OpenAIError"),
+    Operation("post", "/v1/completions", "OpenAI completions", "Completion",
+              "CompletionRequest", "CompletionChunk", _GENERATION_ERRORS, "OpenAIError"),
+    Operation("post", "/v1/chat/completions", "OpenAI chat completions", "ChatCompletion",
+              "ChatCompletionRequest", "ChatCompletionChunk", _GENERATION_ERRORS, "OpenAIError"),
+    Operation("get", "/openapi.json", "This document", "OpenAPIDocument"),
+)  # fmt: skip
+
+_ERROR_TEXT = {
+    400: "invalid request (type invalid_request / context_length_exceeded)",
+    404: "unknown model",
+    500: "engine or server error",
+    503: "overloaded, draining or no engine; retry after Retry-After seconds",
+}
+
+
+def document() -> dict[str, Any]:
+    """The whole OpenAPI document."""
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op)
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "TinyServe",
+            "version": _version(),
+            "description": "Native /generate API and an OpenAI-compatible API; see docs/api.md.",
+        },
+        "paths": paths,
+        "components": {"schemas": {**SCHEMAS, "OpenAPIDocument": {"type": "object"}}},
+    }
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    """This server's OpenAPI document."""
+    return web.json_response(document())
+
+
+def add_openapi_route(app: web.Application) -> None:
+    """Register ``GET /openapi.json`` on ``app``."""
+    app.router.add_get("/openapi.json", openapi_json)
+
+
+def _operation(op: Operation) -> dict[str, Any]:
+    ok: dict[str, Schema] = {"application/json": {"schema": ref(op.ok)}}
+    if op.events is not None:
+        # One event's data; a stream is what 'stream': true asks for.
+        ok[SSE] = {"schema": {**ref(op.events), "description": "data of one event"}}
+    responses: dict[str, Any] = {"200": {"description": "OK", "content": ok}}
+    for status in op.errors:
+        responses[str(status)] = _error_response(status, op.error_schema)
+    operation: dict[str, Any] = {"summary": op.summary, "responses": responses}
+    if op.request is not None:
+        body = {"application/json": {"schema": ref(op.request)}}
+        operation["requestBody"] = {"required": True, "content": body}
+    return operation
+
+
+def _error_response(status: int, schema: str) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": _ERROR_TEXT[status],
+        "content": {"application/json": {"schema": ref(schema)}},
+    }
+    if status == 503:
+        retry = {"schema": {"type": "integer"}, "description": "seconds to wait"}
+        response["headers"] = {"Retry-After": retry}
+    return response
+
+
+def _version() -> str:
+    try:
+        return metadata.version("tinyserve")
+    except metadata.PackageNotFoundError:
+        return "0"

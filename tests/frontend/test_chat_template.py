@@ -1,0 +1,96 @@
+"""Chat template rendering: Hugging Face semantics, sandboxing, and clear errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tinyserve.config import build_config
+from tinyserve.frontend.api_errors import ApiError
+from tinyserve.frontend.chat_template import ChatMessage, ChatTemplate
+from tinyserve.frontend.tokenizer import Tokenizer
+
+# The shape of SmolLM2's template (ChatML), with the BOS variable the Llama family uses.
+CHATML = (
+    "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CONVERSATION = [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi")]
+
+
+def refused(template: ChatTemplate, messages: list[ChatMessage], **flags: bool) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        template.render(messages, **flags)
+    assert (info.value.status, info.value.param) == (400, "messages")
+    return info.value
+
+
+@pytest.fixture
+async def tokenizer() -> AsyncIterator[Tokenizer]:
+    loaded = await Tokenizer.load(build_config({}, environ={}))
+    yield loaded
+    loaded.close()
+
+
+def test_generation_prompt() -> None:
+    template = ChatTemplate(CHATML, bos_text="<s>")
+    assert template.render(CONVERSATION) == (
+        "<s><|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    without = template.render(CONVERSATION, add_generation_prompt=False)
+    assert without.endswith("Hi<|im_end|>\n")
+
+
+def test_continue_final_message_leaves_it_open() -> None:
+    template = ChatTemplate(CHATML)
+    prefill = [*CONVERSATION, ChatMessage("assistant", "The answer is")]
+    prompt = template.render(prefill, add_generation_prompt=False, continue_final_message=True)
+    assert prompt.endswith("<|im_start|>assistant\nThe answer is")
+
+
+def test_template_refusal_is_a_400() -> None:
+    template = ChatTemplate("{{ raise_exception('roles must alternate') }}")
+    assert "roles must alternate" in refused(template, CONVERSATION).message
+
+
+def test_model_without_template() -> None:
+    template = ChatTemplate(None)
+    assert not template.available
+    assert "no chat template" in refused(template, CONVERSATION).message
+
+
+def test_template_that_does_not_compile() -> None:
+    template = ChatTemplate("{% for %}")
+    assert not template.available
+    assert "does not compile" in refused(template, CONVERSATION).message
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ messages.append(1) }}",  # immutable: no mutating the request
+        "{{ ''.__class__.__mro__ }}",  # sandbox: no Python internals
+        "{{ cycler.__init__.__globals__ }}",
+    ],
+)
+def test_sandbox(source: str) -> None:
+    refused(ChatTemplate(source), CONVERSATION)
+
+
+def test_tojson_is_plain_json() -> None:
+    template = ChatTemplate("{{ messages[0] | tojson }}")
+    message = [ChatMessage("user", "<b>é</b>")]
+    assert template.render(message) == '{"role": "user", "content": "<b>é</b>"}'
+
+
+async def test_default_model_template(tokenizer: Tokenizer) -> None:
+    template = ChatTemplate.of_model(tokenizer.facts)
+    assert template.available
+    prompt = template.render([ChatMessage("user", "What is the capital of Germany?")])
+    assert prompt.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    ids = await tokenizer.tokenize(prompt)
+    # SmolLM2's BOS is <|im_start|>; the model does not add one: the prompt starts with it once.
+    assert not tokenizer.facts.adds_bos
+    assert ids[0] == 1 and ids.count(1) == 3

@@ -1,0 +1,248 @@
+"""The OpenAI routes end to end through the frontend, against the scripted stand-in engine."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp.test_utils import TestClient
+
+from tests.frontend.harness import MAX_QUEUE, FakeEngine, accepted
+from tinyserve import protocol
+
+Client = TestClient[Any, Any]
+CHAT = {"model": "fake", "messages": [{"role": "user", "content": "Hi"}]}
+COMPLETION = {"model": "fake", "prompt": "Hi"}
+
+
+async def chunks(response: Any) -> list[Any]:
+    """The payloads of an SSE body: JSON objects, and the final "[DONE]" as a string."""
+    body = (await response.read()).decode()
+    events = body.split("\n\n")
+    assert events[-1] == "" and all(e.startswith("data: ") for e in events[:-1])
+    payloads = [e.removeprefix("data: ") for e in events[:-1]]
+    assert payloads[-1] == "[DONE]"
+    return [json.loads(p) for p in payloads[:-1]] + ["[DONE]"]
+
+
+async def openai_error(response: Any, status: int) -> dict[str, Any]:
+    assert response.status == status, await response.text()
+    body = await response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return dict(body["error"])
+
+
+def with_logprobs(submit: protocol.Submit) -> list[list[dict[str, Any]]]:
+    """Two tokens with logprobs, in two ticks."""
+    return [
+        [accepted()],
+        [{"token_ids": [28], "text": b",", "logprobs": [[-0.5, [[28, -0.5], [30, -1.5]]]]}],
+        [
+            {
+                "token_ids": [30],
+                "text": b".",
+                "logprobs": [[-0.25, [[30, -0.25], [28, -2.0]]]],
+                "finish_reason": protocol.FINISH_LENGTH,
+                "prompt_tokens": len(submit.prompt_ids),
+                "cached_tokens": 1,
+            }
+        ],
+    ]
+
+
+async def test_models(served: Client) -> None:
+    reply = await (await served.get("/v1/models")).json()
+    assert reply["object"] == "list"
+    [model] = reply["data"]
+    assert (model["id"], model["object"], model["owned_by"]) == ("fake", "model", "tinyserve")
+    assert isinstance(model["created"], int)
+
+
+async def test_models_without_engine_is_an_openai_503(client: Client) -> None:
+    error = await openai_error(await client.get("/v1/models"), 503)
+    assert (error["type"], error["code"]) == ("server_error", "engine_unavailable")
+
+
+async def test_completion_json(served: Client, engine: FakeEngine) -> None:
+    body = {**COMPLETION, "max_tokens": 5, "presence_penalty": 0.5, "user": "alice", "seed": 4}
+    response = await served.post("/v1/completions", json=body)
+    reply = await response.json()
+    submit = engine.submits[0]
+    assert reply["id"] == "cmpl-" + submit.request_id
+    assert response.headers["X-Request-Id"] == submit.request_id
+    assert (reply["object"], reply["model"]) == ("text_completion", "fake")
+    assert reply["choices"] == [
+        {"index": 0, "text": "Hello", "logprobs": None, "finish_reason": "stop"}
+    ]
+    n = len(submit.prompt_ids)
+    assert reply["usage"] == {
+        "prompt_tokens": n,
+        "completion_tokens": 2,
+        "total_tokens": n + 2,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    assert submit.sampling == protocol.SamplingParams(1.0, 1.0, 0, 4, [], 0.5, 0.0, -1)
+    assert (submit.max_tokens, submit.tenant) == (5, "alice")
+
+
+async def test_completion_from_token_ids(served: Client, engine: FakeEngine) -> None:
+    response = await served.post("/v1/completions", json={**COMPLETION, "prompt": [5, 6, 7]})
+    assert response.status == 200
+    assert engine.submits[0].prompt_ids == [5, 6, 7]
+    error = await openai_error(
+        await served.post("/v1/completions", json={**COMPLETION, "prompt": [10**9]}), 400
+    )
+    assert error["param"] == "prompt"
+
+
+async def test_chat_json_renders_the_template(served: Client, engine: FakeEngine) -> None:
+    reply = await (await served.post("/v1/chat/completions", json=CHAT)).json()
+    assert reply["id"].startswith("chatcmpl-") and reply["object"] == "chat.completion"
+    [choice] = reply["choices"]
+    assert choice["message"] == {"role": "assistant", "content": "Hello"}
+    assert choice["finish_reason"] == "stop"
+    # SmolLM2's template: system prompt, the user turn, the assistant header.
+    prompt_ids = engine.submits[0].prompt_ids
+    assert prompt_ids[0] == 1 and prompt_ids.count(1) == 3
+
+
+async def test_chat_stream_with_usage(served: Client, engine: FakeEngine) -> None:
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    response = await served.post("/v1/chat/completions", json=body)
+    assert response.headers["Content-Type"] == "text/event-stream"
+    events = await chunks(response)
+    rid = "chatcmpl-" + engine.submits[0].request_id
+    assert all(e["id"] == rid and e["object"] == "chat.completion.chunk" for e in events[:-1])
+    deltas = [e["choices"][0]["delta"] for e in events[:-3]]
+    assert deltas == [{"role": "assistant", "content": ""}, {"content": "Hel"}, {"content": "lo"}]
+    assert [e["usage"] for e in events[:-2]] == [None] * (len(events) - 2)
+    final, usage = events[-3], events[-2]
+    assert final["choices"][0] == {
+        "index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"
+    }  # fmt: skip
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 2
+
+
+async def test_completion_stream_without_usage(served: Client) -> None:
+    response = await served.post("/v1/completions", json={**COMPLETION, "stream": True})
+    events = await chunks(response)
+    assert [e["choices"][0]["text"] for e in events[:-1]] == ["Hel", "lo", ""]
+    assert [e["choices"][0]["finish_reason"] for e in events[:-1]] == [None, None, "stop"]
+    assert all("usage" not in e for e in events[:-1])
+
+
+async def test_completion_logprobs(served: Client, engine: FakeEngine) -> None:
+    engine.script = with_logprobs
+    reply = await (await served.post("/v1/completions", json={**COMPLETION, "logprobs": 1})).json()
+    assert engine.submits[0].sampling.logprobs == 1
+    [choice] = reply["choices"]
+    assert choice["finish_reason"] == "length"
+    assert choice["logprobs"] == {
+        "tokens": [",", "."],
+        "token_logprobs": [-0.5, -0.25],
+        "top_logprobs": [{",": -0.5, ".": -1.5}, {".": -0.25, ",": -2.0}],
+        "text_offset": [0, 1],
+    }
+    assert reply["usage"]["prompt_tokens_details"] == {"cached_tokens": 1}
+
+
+async def test_chat_logprobs_stream(served: Client, engine: FakeEngine) -> None:
+    engine.script = with_logprobs
+    body = {**CHAT, "stream": True, "logprobs": True, "top_logprobs": 1}
+    events = await chunks(await served.post("/v1/chat/completions", json=body))
+    first = events[1]["choices"][0]["logprobs"]["content"]
+    assert first == [
+        {
+            "token": ",",
+            "logprob": -0.5,
+            "bytes": [44],
+            "top_logprobs": [
+                {"token": ",", "logprob": -0.5, "bytes": [44]},
+                {"token": ".", "logprob": -1.5, "bytes": [46]},
+            ],
+        }
+    ]
+
+
+async def test_openai_error_shape_names_the_field(served: Client, engine: FakeEngine) -> None:
+    response = await served.post("/v1/chat/completions", json={**CHAT, "n": 2})
+    error = await openai_error(response, 400)
+    assert (error["type"], error["param"], error["code"]) == (
+        "invalid_request_error", "n", "unsupported_parameter"
+    )  # fmt: skip
+    assert engine.submits == []
+
+
+async def test_unknown_model_is_404(served: Client) -> None:
+    response = await served.post("/v1/completions", json={**COMPLETION, "model": "gpt-4"})
+    error = await openai_error(response, 404)
+    assert (error["param"], error["code"]) == ("model", "model_not_found")
+
+
+async def test_aiohttp_errors_under_v1_have_the_openai_shape(served: Client) -> None:
+    assert (await openai_error(await served.get("/v1/nowhere"), 404))["code"] == "not_found"
+    response = await served.get("/v1/completions")
+    assert (await openai_error(response, 405))["type"] == "invalid_request_error"
+    assert "POST" in response.headers["Allow"]
+
+
+async def test_queue_full_is_an_openai_503(served: Client, engine: FakeEngine) -> None:
+    engine.publish_load(waiting=MAX_QUEUE, running=4, drain_rate=0.5)
+    response = await served.post("/v1/chat/completions", json=CHAT)
+    error = await openai_error(response, 503)
+    assert (error["type"], error["code"]) == ("server_error", "queue_full")
+    assert response.headers["Retry-After"] == "2"
+
+
+async def test_engine_rejection_is_an_openai_503(served: Client, engine: FakeEngine) -> None:
+    engine.script = lambda submit: [
+        [{"finish_reason": protocol.FINISH_REJECTED, "detail": protocol.REJECT_KV_CACHE_FULL}]
+    ]
+    for stream in (False, True):
+        response = await served.post("/v1/completions", json={**COMPLETION, "stream": stream})
+        assert (await openai_error(response, 503))["code"] == "kv_cache_full"
+        assert int(response.headers["Retry-After"]) >= 1
+
+
+async def test_queue_timeout_is_a_503_and_timeout_is_length(
+    served: Client, engine: FakeEngine
+) -> None:
+    engine.script = lambda submit: [[accepted(finish_reason=protocol.FINISH_QUEUE_TIMEOUT)]]
+    response = await served.post("/v1/completions", json=COMPLETION)
+    assert (await openai_error(response, 503))["code"] == "queue_timeout"
+    assert int(response.headers["Retry-After"]) >= 1
+    for reason in (protocol.FINISH_TIMEOUT, protocol.FINISH_CANCELLED):
+        engine.script = lambda submit, reason=reason: [[accepted(finish_reason=reason)]]
+        reply = await (await served.post("/v1/completions", json=COMPLETION)).json()
+        assert reply["choices"][0]["finish_reason"] == "length"
+
+
+async def test_engine_error_mid_stream_is_an_error_event(
+    served: Client, engine: FakeEngine
+) -> None:
+    engine.script = lambda submit: [
+        [accepted(token_ids=[1], text=b"a")],
+        [{"finish_reason": protocol.FINISH_ERROR, "detail": "decode failed"}],
+    ]
+    body = {**CHAT, "stream": True}
+    events = await chunks(await served.post("/v1/chat/completions", json=body))
+    assert events[-2] == {
+        "error": {
+            "message": "decode failed", "type": "server_error", "param": None,
+            "code": "engine_error",
+        }
+    }  # fmt: skip
+    assert [e["choices"][0]["delta"] for e in events[:2]] == [
+        {"role": "assistant", "content": ""},
+        {"content": "a"},
+    ]
+
+
+async def test_a_bug_mid_stream_still_ends_the_stream(served: Client, engine: FakeEngine) -> None:
+    engine.script = lambda submit: [
+        [accepted(token_ids=[1], text=b"a")],
+        [{"token_ids": [2], "text": "not bytes"}],
+        [{"finish_reason": protocol.FINISH_STOP}],
+    ]
+    events = await chunks(await served.post("/v1/completions", json={**COMPLETION, "stream": True}))
+    assert events[-2]["error"]["code"] == "internal_error"

@@ -1,0 +1,209 @@
+"""The OpenAI request contract: openai_schema.py and openai_messages.py, case by case."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tinyserve.config import build_config
+from tinyserve.frontend.api_errors import ApiError
+from tinyserve.frontend.chat_template import ChatMessage
+from tinyserve.frontend.openai_schema import (
+    CHAT_DEFAULT_ONLY,
+    CHAT_IGNORED,
+    OpenAIRequest,
+    parse_chat,
+    parse_completion,
+)
+from tinyserve.frontend.validation import GenerateRequest
+
+CONFIG = build_config({"max_tokens_limit": 512, "default_max_tokens": 32}, environ={})
+USER = [{"role": "user", "content": "hi"}]
+
+
+def completion(**body: Any) -> OpenAIRequest:
+    return parse_completion(json.dumps({"model": "m", "prompt": "p", **body}).encode(), CONFIG)
+
+
+def chat(**body: Any) -> OpenAIRequest:
+    return parse_chat(json.dumps({"model": "m", "messages": USER, **body}).encode(), CONFIG)
+
+
+def rejected(parse: Any, **body: Any) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        parse(**body)
+    assert info.value.status == 400
+    return info.value
+
+
+def test_completion_defaults_follow_openai() -> None:
+    req = completion()
+    assert req == OpenAIRequest("m", GenerateRequest("p", 32, temperature=1.0))
+    assert req.prompt_ids is None and not req.include_usage
+
+
+def test_every_completion_field() -> None:
+    req = completion(
+        max_tokens=7, temperature=0.5, top_p=0.9, top_k=4, seed=3, stop=["a", "b"],
+        presence_penalty=0.5, frequency_penalty=-1, logprobs=2, priority=2, tenant="t",
+        stream=True, stream_options={"include_usage": True}, n=1, user="u",
+        best_of=1, echo=False, suffix=None, logit_bias={},
+    )  # fmt: skip
+    assert req.generate == GenerateRequest(
+        "p", 7, True, 0.5, 0.9, 4, 3, ["a", "b"], 2, "t",
+        presence_penalty=0.5, frequency_penalty=-1.0, logprobs=2,
+    )  # fmt: skip
+    assert req.include_usage
+
+
+def test_every_chat_field() -> None:
+    req = chat(
+        max_completion_tokens=9, logprobs=True, top_logprobs=3, temperature=0, seed=1,
+        stop="x", metadata={"k": "v"}, store=False, parallel_tool_calls=True,
+        response_format={"type": "text"}, tools=[], tool_choice="none", modalities=["text"],
+    )  # fmt: skip
+    assert (req.generate.max_tokens, req.generate.logprobs) == (9, 3)
+    assert (req.generate.temperature, req.generate.seed, req.generate.stop) == (0.0, 1, ["x"])
+    assert req.messages == [ChatMessage("user", "hi")]
+    assert req.add_generation_prompt and not req.continue_final_message
+
+
+@pytest.mark.parametrize("name", ["frobnicate", "functions_x"])
+def test_unknown_field_is_named(name: str) -> None:
+    error = rejected(chat, **{name: 1})
+    assert error.param == name and name in error.message
+
+
+@pytest.mark.parametrize(
+    ("parse", "name", "value"),
+    [
+        (completion, "n", 2),
+        (completion, "best_of", 3),
+        (completion, "echo", True),
+        (completion, "suffix", "tail"),
+        (completion, "logit_bias", {"50": 10}),
+        (chat, "n", 4),
+        (chat, "tools", [{"type": "function", "function": {"name": "f"}}]),
+        (chat, "tool_choice", "auto"),
+        (chat, "response_format", {"type": "json_object"}),
+        (chat, "audio", {"voice": "x"}),
+        (chat, "reasoning_effort", "high"),
+    ],
+)
+def test_features_we_lack_are_400s_naming_the_field(parse: Any, name: str, value: Any) -> None:
+    error = rejected(parse, **{name: value})
+    assert (error.param, error.type) == (name, "unsupported_parameter")
+
+
+def test_null_is_the_default_for_every_known_field() -> None:
+    fields = {name: None for name in (*CHAT_DEFAULT_ONLY, *CHAT_IGNORED)}
+    req = chat(max_tokens=None, temperature=None, seed=None, n=None, **fields)
+    assert req.generate == GenerateRequest("", 32, temperature=1.0)
+
+
+def test_a_bool_is_no_default_number() -> None:
+    assert rejected(completion, best_of=True).param == "best_of"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"logprobs": 6}, "logprobs"),
+        ({"logprobs": -1}, "logprobs"),
+        ({"temperature": 3}, "temperature"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": "1"}, "frequency_penalty"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop": ["1", "2", "3", "4", "5"]}, "stop"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stream": True, "stream_options": {"extra": 1}}, "stream_options"),
+        ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+        ({"user": 5}, "user"),
+        ({"model": ""}, "model"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": [1, -2]}, "prompt"),
+        ({"prompt": [1.5]}, "prompt"),
+    ],
+)
+def test_bad_completion_fields(body: dict[str, Any], param: str) -> None:
+    assert rejected(completion, **body).param == param
+
+
+def test_prompt_forms() -> None:
+    assert completion(prompt=["one"]).generate.prompt == "one"
+    assert completion(prompt=[5, 6]).prompt_ids == [5, 6]
+    assert completion(prompt=[[5, 6]]).prompt_ids == [5, 6]
+
+
+def test_user_is_the_tenant_unless_tenant_is_given() -> None:
+    assert completion(user="team-a").generate.tenant == "team-a"
+    hashed = completion(user="someone@example.com").generate.tenant
+    assert (
+        hashed.startswith("user-")
+        and hashed == completion(user="someone@example.com").generate.tenant
+    )
+    assert completion(user="someone@example.com", tenant="t").generate.tenant == "t"
+    assert completion(user="").generate.tenant == "default"
+
+
+def test_chat_logprobs() -> None:
+    assert chat().generate.logprobs == -1
+    assert chat(logprobs=True).generate.logprobs == 0
+    assert chat(logprobs=True, top_logprobs=5).generate.logprobs == 5
+    assert rejected(chat, top_logprobs=2).param == "top_logprobs"
+    assert rejected(chat, logprobs=True, top_logprobs=6).param == "top_logprobs"
+
+
+def test_max_tokens_and_max_completion_tokens() -> None:
+    assert chat(max_tokens=5).generate.max_tokens == 5
+    assert chat(max_tokens=5, max_completion_tokens=5).generate.max_tokens == 5
+    assert rejected(chat, max_tokens=5, max_completion_tokens=6).param == "max_completion_tokens"
+    assert rejected(chat, max_completion_tokens=10_000).param == "max_completion_tokens"
+
+
+def test_messages_roles_and_content() -> None:
+    messages = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None, "tool_calls": None, "refusal": None},
+        {"role": "user", "content": "c", "name": "bob"},
+    ]
+    assert chat(messages=messages).messages == [
+        ChatMessage("system", "be brief"),
+        ChatMessage("user", "a\nb"),
+        ChatMessage("assistant", ""),
+        ChatMessage("user", "c", "bob"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        ([], "messages"),
+        ("hi", "messages"),
+        (["hi"], "messages[0]"),
+        ([{"role": "tool", "content": "x", "tool_call_id": "1"}], "messages[0].tool_call_id"),
+        ([{"role": "tool", "content": "x"}], "messages[0].role"),
+        ([{"content": "x"}], "messages[0].role"),
+        ([{"role": "user"}], "messages[0].content"),
+        ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0]"),
+        ([{"role": "user", "content": "x", "name": 3}], "messages[0].name"),
+        ([{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}],
+         "messages[0].tool_calls"),
+    ],
+)  # fmt: skip
+def test_bad_messages(messages: Any, param: str) -> None:
+    assert rejected(chat, messages=messages).param == param
+
+
+def test_continue_final_message() -> None:
+    prefill = [*USER, {"role": "assistant", "content": "Sure"}]
+    req = chat(messages=prefill, continue_final_message=True)
+    assert req.continue_final_message and not req.add_generation_prompt
+    assert not chat(messages=prefill, add_generation_prompt=False).continue_final_message
+    both = {"continue_final_message": True, "add_generation_prompt": True}
+    assert rejected(chat, messages=prefill, **both).param == "add_generation_prompt"
+    assert rejected(chat, continue_final_message=True).param == "continue_final_message"
