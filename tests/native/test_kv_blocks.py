@@ -206,6 +206,6 @@ class AccountantMachine(RuleBasedStateMachine):
 
 
 AccountantMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None
+    max_examples=100, stateful_step_count=40, deadline=None
 )
 test_accountant_matches_reference = AccountantMachine.TestCase
