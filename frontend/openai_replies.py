@@ -173,7 +173,7 @@ class _Events:
         self._done = True
 
     def failure_events(self) -> list[bytes]:
-        ending = [] if self._ended else [self._error_event(_internal_error())]
+        ending = [] if self._ended else [_error_event(_internal_error())]
         return ending + ([] if self._done else [DONE])
 
     async def _delta(self, piece: Piece) -> bytes | None:
@@ -189,7 +189,7 @@ class _Events:
     def _end(self, finish: Finish) -> list[bytes]:
         error = openai_finish_error(finish, self._ctx.load())
         if error is not None:
-            return [self._error_event(error)]
+            return [_error_event(error)]
         reason = FINISH_REASONS.get(finish.reason, "stop")
         events = [self._chunk({} if self._reply.surface.chat else "", None, reason)]
         if self._reply.include_usage:
@@ -206,8 +206,10 @@ class _Events:
             body["usage"] = None  # as OpenAI: every chunk but the last has a null usage
         return sse_event(body)
 
-    def _error_event(self, error: ApiError) -> bytes:
-        return sse_event(error.openai_body())
+
+def _error_event(error: ApiError) -> bytes:
+    # The openai client raises an APIError for an event whose data holds "error".
+    return sse_event(error.openai_body())
 
 
 def _internal_error() -> ApiError:

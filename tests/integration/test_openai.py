@@ -19,13 +19,17 @@ from .node import Node
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("error")]
 
+# One llama.cpp thread: on a 2-core machine shared with the frontends, the client and other
+# test runs, two spinning decode threads made single requests up to 20x slower (measured).
+ENGINE_THREADS = ("--threads", "1")
 COUNTING = "1, 2, 3, 4, 5,"  # the model keeps counting: no early end-of-generation
 QUESTION = [{"role": "user", "content": "What is the capital of Germany?"}]
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    running = Node(tmp_path_factory.mktemp("openai"), "--slots", "4", "--ctx", "2048").start()
+    flags = ("--slots", "4", "--ctx", "2048", *ENGINE_THREADS)
+    running = Node(tmp_path_factory.mktemp("openai"), *flags).start()
     yield running
     assert running.stop() == 0
 
@@ -167,13 +171,14 @@ async def test_async_completion(node: Node, model: str) -> None:
 
 
 async def test_admission_rejection_is_a_503(tmp_path: Path) -> None:
-    small = Node(tmp_path, "--slots", "1", "--max-queue", "1", frontends=1).start()
+    small = Node(tmp_path, "--slots", "1", "--max-queue", "1", *ENGINE_THREADS, frontends=1)
+    small.start()
     try:
         async with async_client(small.url) as client:
             model = (await client.models.list()).data[0].id
             results = await asyncio.gather(
                 *(
-                    client.completions.create(model=model, prompt=COUNTING, max_tokens=48)
+                    client.completions.create(model=model, prompt=COUNTING, max_tokens=16)
                     for _ in range(4)
                 ),
                 return_exceptions=True,
