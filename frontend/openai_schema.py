@@ -123,10 +123,10 @@ def _check_fields(
     default_only: dict[str, tuple[Any, ...]],
 ) -> None:
     for name, value in data.items():
-        if name in supported or name in ignored or value is None:
-            continue
-        if name not in default_only:
+        if name not in supported and name not in ignored and name not in default_only:
             raise invalid(f"unknown field {name!r}", name)
+        if name not in default_only or value is None:
+            continue
         allowed = default_only[name]
         # type() too: True == 1 in Python, but "best_of": true is not a default.
         if not any(type(value) is type(a) and value == a for a in allowed):

@@ -70,9 +70,9 @@ def test_every_chat_field() -> None:
     assert req.add_generation_prompt and not req.continue_final_message
 
 
-@pytest.mark.parametrize("name", ["frobnicate", "functions_x"])
-def test_unknown_field_is_named(name: str) -> None:
-    error = rejected(chat, **{name: 1})
+@pytest.mark.parametrize(("name", "value"), [("frobnicate", 1), ("functions_x", None)])
+def test_unknown_field_is_named(name: str, value: Any) -> None:
+    error = rejected(chat, **{name: value})
     assert error.param == name and name in error.message
 
 
