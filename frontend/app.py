@@ -19,6 +19,7 @@ from aiohttp import web
 from tinyserve.config import Config
 from tinyserve.frontend.api_errors import error_middleware
 from tinyserve.frontend.chat_template import ChatTemplate
+from tinyserve.frontend.drain import DRAIN, Drain, drain_middleware
 from tinyserve.frontend.engine_client import EngineClient
 from tinyserve.frontend.engine_link import EngineLink
 from tinyserve.frontend.handlers import add_routes
@@ -31,8 +32,10 @@ log = logging.getLogger(__name__)
 
 def build_app(config: Config) -> web.Application:
     """The frontend app; its engine connection starts when the app starts."""
-    app = web.Application(middlewares=[error_middleware])
+    # error_middleware outermost: the drain's 503 gets the same JSON shape as every error.
+    app = web.Application(middlewares=[error_middleware, drain_middleware])
     app[CONFIG] = config
+    app[DRAIN] = Drain()
     app.cleanup_ctx.append(_tokenizer_ctx)
     app.cleanup_ctx.append(_engine_ctx)
     app.on_response_prepare.append(_stamp_frontend)

@@ -15,11 +15,15 @@ from aiohttp import web
 from tinyserve.config import Config, notify_socket
 from tinyserve.errors import TinyServeError
 from tinyserve.frontend.app import build_app
+from tinyserve.frontend.drain import drain_app
 from tinyserve.frontend.keys import LINK
 from tinyserve.logs import fields, setup_logging
 from tinyserve.sdnotify import Notifier
 
 log = logging.getLogger(__name__)
+
+# After the drain: time for handlers to write the final event of a stream the drain ended.
+STOP_GRACE_S = 2.0
 
 
 def run(config: Config) -> int:
@@ -35,9 +39,10 @@ async def _serve(config: Config) -> int:
         loop.add_signal_handler(signum, stop.set)
     notifier = Notifier(notify_socket())
     app = build_app(config)
-    # After a stop signal, in-flight requests get drain_timeout seconds to finish; then their
-    # handlers are cancelled, which cancels them in the engine too.
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=config.drain_timeout)
+    # After a stop signal, drain_app refuses new requests and gives in-flight ones
+    # drain_timeout seconds; handlers still running after a short grace are cancelled, which
+    # cancels them in the engine too.
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=STOP_GRACE_S)
     try:
         await runner.setup()
         url = await _listen(runner, config)
@@ -48,6 +53,7 @@ async def _serve(config: Config) -> int:
         await stop.wait()
         log.info("stopping")
         notifier.stopping()
+        await drain_app(app, config.drain_timeout)
         return 0
     except TinyServeError as exc:
         log.error("frontend failed to start: %s", exc)

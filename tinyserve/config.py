@@ -269,4 +269,9 @@ def notify_socket() -> str | None:
 def watchdog_interval_s() -> float | None:
     """Half the watchdog timeout systemd asked for (``WATCHDOG_USEC``), or None."""
     usec = os.environ.get("WATCHDOG_USEC")
+    # A WATCHDOG_PID of another process (``tinyserve serve`` run by systemd passes its
+    # environment on to its children) means the watchdog is not ours to ping.
+    pid = os.environ.get("WATCHDOG_PID")
+    if pid and pid != str(os.getpid()):
+        return None
     return int(usec) / 2e6 if usec and usec.isdigit() and int(usec) > 0 else None

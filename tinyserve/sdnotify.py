@@ -30,7 +30,9 @@ class Notifier:
         # A leading "@" names a socket in the abstract namespace.
         target = "\0" + self._address[1:] if self._address.startswith("@") else self._address
         try:
-            self._sock.sendto("\n".join(lines).encode(), target)
+            # Never wait: a listener that stopped reading (its queue holds only a few
+            # datagrams) must not stall the engine loop that pings the watchdog.
+            self._sock.sendto("\n".join(lines).encode(), socket.MSG_DONTWAIT, target)
         except OSError:
             return False
         return True
