@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from tinyserve.config import Config
 from tinyserve.engine.outbox import Outbox
 from tinyserve.engine.policies import Policy, make_policy
+from tinyserve.engine.prefix_cache import NO_HIT, PrefixCache
 from tinyserve.engine.runtime import LlamaRuntime, Sampler
 from tinyserve.engine.sequence import Sequence, Status
 from tinyserve.logs import fields
@@ -22,6 +23,7 @@ from tinyserve.protocol import (
     EVENT_ACCEPTED,
     EVENT_FINISHED,
     EVENT_PREFILL,
+    EVENT_PREFIX_HIT,
     EVENT_SLOT,
     FINISH_CANCELLED,
     FINISH_ERROR,
@@ -67,8 +69,11 @@ class EngineCore:
         self.runtime = runtime
         self.clock = clock
         self.n_ctx = runtime.n_ctx
+        runtime.clear()  # NOTE: all KV state must be ours: the accounting starts from empty
         self.blocks = BlockAccountant(self.n_ctx // config.block_size, config.block_size)
         self.policy: Policy = make_policy(config.policy, config.tenant_weight_map)
+        cache_seqs = range(config.slots, config.slots + config.cache_seqs)
+        self.cache = PrefixCache(runtime, self.blocks, cache_seqs) if config.prefix_cache else None
         self.slots: list[Sequence | None] = [None] * config.slots
         self.running: list[Sequence] = []  # in slot-grant order: earlier prefills go first
         self.samplers: dict[int, Sampler] = {}  # by slot
@@ -91,17 +96,20 @@ class EngineCore:
         if reason:
             self.outbox.finish(request, FINISH_REJECTED, reason)
             return
-        total = len(request.prompt_ids) + request.max_tokens
+        hit = self.cache.lookup(request.prompt_ids) if self.cache else NO_HIT
+        need = self.blocks.blocks_for(len(request.prompt_ids) + request.max_tokens)
+        own = need - len(hit.block_ids)  # shared blocks are charged once, to the cache
+        if not self._make_room(own):
+            if self.cache:
+                self.cache.unpin(hit)
+            self.outbox.finish(request, FINISH_REJECTED, REJECT_KV_CACHE_FULL)
+            return
         self._arrivals += 1
-        seq = Sequence(
-            request,
-            self.blocks.allocate(self.blocks.blocks_for(total)),
-            self._arrivals,
-            self.clock(),
-        )
+        blocks = hit.block_ids + self.blocks.allocate(own)
+        seq = Sequence(request, blocks, self._arrivals, self.clock(), hit=hit)
         self.by_id[request.request_id] = seq
         self.policy.add(seq)
-        self.outbox.event(request, EVENT_ACCEPTED, self.tick, len(seq.blocks))
+        self.outbox.event(request, EVENT_ACCEPTED, self.tick, own)
 
     def _rejection(self, request: Submit) -> str:
         total = len(request.prompt_ids) + request.max_tokens
@@ -114,9 +122,12 @@ class EngineCore:
         free_slots = self.slots.count(None)
         if len(self.policy) - free_slots >= self.config.max_queue:
             return REJECT_QUEUE_FULL
-        if not self.blocks.can_allocate(need):
-            return REJECT_KV_CACHE_FULL
         return ""
+
+    def _make_room(self, n_blocks: int) -> bool:
+        if self.cache:
+            return self.cache.make_room(n_blocks)
+        return self.blocks.can_allocate(n_blocks)
 
     def cancel(self, request_id: str, reason: str = FINISH_CANCELLED) -> bool:
         """End a waiting or running request now; unknown ids (already finished) are ignored."""
@@ -174,6 +185,10 @@ class EngineCore:
             self.running.append(seq)
             self.samplers[slot] = self.runtime.new_sampler(seq.request.sampling)
             self.outbox.event(seq.request, EVENT_SLOT, self.tick + 1, slot)
+            if self.cache and seq.hit.n_tokens:
+                self.cache.attach(seq.hit, slot)
+                seq.n_past = seq.hit.n_tokens
+                self.outbox.event(seq.request, EVENT_PREFIX_HIT, self.tick + 1, seq.n_past)
 
     def _build_batch(self) -> list[BatchRow]:
         """Decode rows first (one token each), then prefill chunks within the token budget."""
@@ -229,6 +244,7 @@ class EngineCore:
             return
         seq.generated += 1
         seq.last_token = token
+        seq.output_ids.append(token)
         top_n = seq.request.sampling.logprobs
         logprobs = self.runtime.logprobs(row, token, top_n) if top_n >= 0 else None
         self.outbox.token(seq.request, token, seq.stops.feed(self.runtime.piece(token)), logprobs)
@@ -240,13 +256,16 @@ class EngineCore:
     def _finish(self, seq: Sequence, reason: str, detail: str = "") -> None:
         self.policy.remove(seq)
         if seq.status is not Status.WAITING:
+            # NOTE: after a failed decode the KV content is undefined: never cache it.
+            if self.cache and reason != FINISH_ERROR:
+                self.cache.park(seq.kv_tokens(), seq.blocks, seq.slot)
             self._free_slot(seq)
         seq.status = Status.FINISHED
         self.blocks.release_all(seq.blocks)
         del self.by_id[seq.request_id]
         self.outbox.text(seq.request, seq.stops.flush())
         self.outbox.event(seq.request, EVENT_FINISHED, self.tick, seq.generated, reason)
-        self.outbox.finish(seq.request, reason, detail)
+        self.outbox.finish(seq.request, reason, detail, seq.hit.n_tokens)
         self._finished_at.append(self.clock())
 
     def _free_slot(self, seq: Sequence) -> None:

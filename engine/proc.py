@@ -19,7 +19,7 @@ from tinyserve.engine.core import EngineCore
 from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
 from tinyserve.errors import TinyServeError
 from tinyserve.logs import fields, setup_logging
-from tinyserve.model import model_name, resolve_model_path
+from tinyserve.model import model_name
 from tinyserve.procs import pid_alive
 from tinyserve.protocol import (
     FINISH_ERROR,
@@ -80,13 +80,8 @@ class EngineProcess:
         self.config = config
         self.notifier = Notifier(notify_socket())
         self.started_ns = time.monotonic_ns()
-        path = resolve_model_path(config.model)
         self.model_name = model_name(config.model, config.model_name)
-        self.runtime = LlamaRuntime(
-            RuntimeSpec(
-                path, config.ctx, config.slots, config.max_batch_tokens, config.engine_threads
-            )
-        )
+        self.runtime = LlamaRuntime(RuntimeSpec.from_config(config))
         self.core = EngineCore(config, self.runtime)
         self.board = Board.create(config.board_path)
         self.board.set_identity(os.getpid(), self.started_ns)
@@ -254,6 +249,8 @@ def _refuse_if_engine_running(board_path: str) -> None:
         return
     try:
         pid = board.snapshot().pid
+    except BoardError:
+        return  # an engine died mid-write: the board is stale, not in use
     finally:
         board.close()
     if pid and pid != os.getpid() and pid_alive(pid):

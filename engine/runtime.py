@@ -16,7 +16,9 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
+from tinyserve.config import Config
 from tinyserve.errors import EngineFatalError, ModelNotFoundError
+from tinyserve.model import resolve_model_path
 from tinyserve.protocol import SamplingParams
 from tinyserve_native.batch_builder import BatchBuilder
 
@@ -36,6 +38,16 @@ class RuntimeSpec:
     n_seq_max: int
     n_batch: int
     n_threads: int
+
+    @classmethod
+    def from_config(cls, config: Config) -> RuntimeSpec:
+        return cls(
+            resolve_model_path(config.model),
+            config.ctx,
+            config.n_seq_max,
+            config.max_batch_tokens,
+            config.engine_threads,
+        )
 
 
 def _route_llama_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
@@ -176,6 +188,10 @@ class LlamaRuntime:
     def forget(self, seq_id: int, start: int = -1, end: int = -1) -> None:
         """Drop ``seq_id``'s KV cells in ``[start, end)`` (all of them by default)."""
         llama_cpp.llama_memory_seq_rm(self._memory, seq_id, start, end)
+
+    def clear(self) -> None:
+        """Drop every sequence's KV cells: a fresh start for a new scheduler."""
+        llama_cpp.llama_memory_clear(self._memory, True)
 
     def share(self, src: int, dst: int, start: int, end: int) -> None:
         """Let ``dst`` see ``src``'s cells in ``[start, end)`` (no copy in a unified cache)."""

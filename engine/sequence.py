@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from tinyserve.engine.prefix_cache import NO_HIT, Hit
 from tinyserve.engine.stops import StopMatcher
 from tinyserve.protocol import Submit
 
@@ -29,6 +30,8 @@ class Sequence:
     n_past: int = 0  # tokens of this sequence already in the KV cache
     last_token: int = -1
     generated: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    hit: Hit = NO_HIT  # prefix-cache blocks reused: the first entries of ``blocks``
     stops: StopMatcher = field(init=False)
     slot_ns: int = 0
     first_token_ns: int = 0
@@ -43,6 +46,10 @@ class Sequence:
     @property
     def prompt_len(self) -> int:
         return len(self.request.prompt_ids)
+
+    def kv_tokens(self) -> list[int]:
+        """The tokens whose KV this sequence's slot holds (the last sampled one never is)."""
+        return (self.request.prompt_ids + self.output_ids)[: self.n_past]
 
     @property
     def prefill_left(self) -> int:

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import uuid
+from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
@@ -54,6 +55,7 @@ class EngineClient:
         self._sub.connect(config.engine_out)
         self._streams: dict[str, RequestStream] = {}
         self._ack_waiter: asyncio.Future[protocol.HelloAck] | None = None
+        self.on_pending_change: Callable[[], None] | None = None
 
     # -- sending ------------------------------------------------------------------------------
 
@@ -144,10 +146,17 @@ class EngineClient:
 
     def _dispatch(self, message: protocol.Message) -> None:
         if isinstance(message, protocol.TickOutput):
+            settled = False
             for update in message.updates:
                 stream = self._streams.get(update.request_id)
                 if stream is not None:
+                    was_pending = stream.pending
                     stream.deliver(update)
+                    settled |= was_pending and not stream.pending
+            if settled and self.on_pending_change is not None:
+                # Our board slot must stop counting these at once, or every frontend's
+                # admission would charge them twice (pending here, used at the engine).
+                self.on_pending_change()
         elif isinstance(message, protocol.HelloAck):
             waiter = self._ack_waiter
             # Acks to our earlier, repeated hellos arrive after the first one: ignored.

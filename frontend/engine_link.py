@@ -38,6 +38,7 @@ class EngineLink:
     def __init__(self, config: Config, client: EngineClient) -> None:
         self._config = config
         self._client = client
+        client.on_pending_change = self.publish
         self._board: Board | None = None
         self._inode: int | None = None
         self._slot: int | None = None

@@ -120,6 +120,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_queue", _pint, 64, "waiting requests across the node before queue_full", _ALL),
     Option("policy", str, "wfq", "who gets the next free slot", _ENG, ("fifo", "priority", "wfq")),
     Option("tenant_weights", _weights, "", "WFQ weights: name=w,... (others weigh 1)", _ENG),
+    Option("prefix_cache", _bool, True, "keep finished prompts' KV blocks for reuse", _ENG),
+    Option(
+        "cache_seqs", _nnint, 16, "spare llama.cpp sequence ids that hold cached prefixes", _ENG
+    ),
     Option("queue_timeout", _nnfloat, 0.0, "seconds a request may wait for a slot (0: none)", _ENG),
     Option("request_timeout", _nnfloat, 0.0, "seconds a request may run in all (0: none)", _ENG),
     # frontend
@@ -160,6 +164,8 @@ class Config:
     ready_timeout: int
     frontends: int
     policy: str
+    prefix_cache: bool
+    cache_seqs: int
     tenant_weights: str
     drain_timeout: float
 
@@ -184,6 +190,11 @@ class Config:
         return _weight_map(self.tenant_weights)
 
     @property
+    def n_seq_max(self) -> int:
+        """llama.cpp sequence ids: one per slot, plus the prefix cache's spare ones."""
+        return self.slots + (self.cache_seqs if self.prefix_cache else 0)
+
+    @property
     def engine_threads(self) -> int:
         """llama.cpp threads: the flag, or as many as the CPUs this process may run on."""
         return self.threads or len(os.sched_getaffinity(0))
@@ -193,7 +204,11 @@ class Config:
         argv: list[str] = []
         for opt in OPTIONS:
             value = getattr(self, opt.name)
-            if role in opt.roles and value is not None:
+            if role not in opt.roles or value is None:
+                continue
+            if isinstance(value, bool):
+                argv.append(opt.flag if value else "--no-" + opt.flag[2:])
+            else:
                 argv += [opt.flag, str(value)]
         return argv
 
@@ -213,16 +228,24 @@ def add_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     for opt in OPTIONS:
         if role not in opt.roles:
             continue
-        kind = "flag" if opt.parse is not _bool else "bool"
         default = "" if opt.default is None else f" (default: {opt.default}; env {opt.env})"
-        parser.add_argument(
-            opt.flag,
-            dest=opt.name,
-            type=opt.parse if kind == "flag" else _bool,
-            default=None,
-            choices=opt.choices,
-            help=opt.help + default,
-        )
+        if opt.parse is _bool:
+            parser.add_argument(
+                opt.flag,
+                dest=opt.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=opt.help + default,
+            )
+        else:
+            parser.add_argument(
+                opt.flag,
+                dest=opt.name,
+                type=opt.parse,
+                default=None,
+                choices=opt.choices,
+                help=opt.help + default,
+            )
 
 
 def build_config(

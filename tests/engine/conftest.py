@@ -35,15 +35,6 @@ def tokenize() -> Callable[[str], list[int]]:
 
 @pytest.fixture(scope="session")
 def runtime() -> Iterator[LlamaRuntime]:
-    config = core_config()
-    rt = LlamaRuntime(
-        RuntimeSpec(
-            resolve_model_path(None),
-            config.ctx,
-            config.slots,
-            config.max_batch_tokens,
-            config.engine_threads,
-        )
-    )
+    rt = LlamaRuntime(RuntimeSpec.from_config(core_config()))
     yield rt
     rt.close()

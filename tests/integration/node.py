@@ -73,6 +73,10 @@ class Node:
             str(self.port),
             "--frontends",
             str(frontends),
+            # One llama.cpp thread unless a test asks otherwise: with two on this 2-core
+            # machine, the test client and frontends preempting a spinning thread made
+            # single requests up to 20x slower (measured), and timing-sensitive tests flaky.
+            *(() if "--threads" in flags else ("--threads", "1")),
             *flags,
         ]
         self.process: subprocess.Popen[bytes] | None = None

@@ -137,6 +137,7 @@ async def test_disconnect_mid_prefill_frees_the_slot_within_a_tick(
     async with aiohttp.ClientSession() as s:
         task = asyncio.create_task(generate(s, node.url, prompt=prompt, max_tokens=50))
         while board.snapshot().running == 0:
+            assert not task.done(), task.result()
             await asyncio.sleep(0.005)
         ticks_at_close = board.snapshot().ticks
         task.cancel()  # the client goes away before any token was generated
@@ -159,7 +160,9 @@ async def test_queue_and_request_timeouts(tmp_path_factory: pytest.TempPathFacto
     ).start()
     try:
         async with aiohttp.ClientSession() as s:
-            long = asyncio.create_task(generate(s, timed.url, prompt="1, 2, 3, 4, 5,", max_tokens=1000))
+            long = asyncio.create_task(
+                generate(s, timed.url, prompt="1, 2, 3, 4, 5,", max_tokens=1000)
+            )
             await asyncio.sleep(0.3)
             status, queued = await generate(s, timed.url, prompt="Hello", max_tokens=5)
             long_status, long_body = await long
