@@ -36,8 +36,13 @@ class Result:
     seconds: float = 0.0
 
 
-async def stream_request(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Result:
-    """POST /generate as a stream and time it."""
+async def stream_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    text_sink: list[str] | None = None,
+) -> Result:
+    """POST /generate as a stream and time it; the text goes to ``text_sink`` if given."""
     result = Result()
     sent = last = time.perf_counter()
     async with session.post(f"{url}/generate", json={**body, "stream": True}) as resp:
@@ -51,6 +56,8 @@ async def stream_request(session: aiohttp.ClientSession, url: str, body: dict[st
             event = json.loads(line[5:])
             now = time.perf_counter()
             if event.get("text"):
+                if text_sink is not None:
+                    text_sink.append(event["text"])
                 if result.ttft is None:
                     result.ttft = now - sent
                 else:

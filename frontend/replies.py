@@ -4,7 +4,8 @@ The machinery every API surface shares lives here (``collect`` for a whole outpu
 ``write_sse`` for an event stream that always ends, ``finish_error`` for the error a finish
 maps to), and so does the native ``/generate`` format on top of it:
 
-JSON: ``{"id", "text", "finish_reason", "usage": {"prompt_tokens", "completion_tokens"}}``.
+JSON: ``{"id", "text", "finish_reason", "usage": {"prompt_tokens", "completion_tokens",
+"cached_tokens"}}``.
 SSE: ``data: {"id", "text"}`` per non-empty text delta, then exactly one final event,
 ``{"id", "text": "", "finish_reason", "usage"}`` or, on failure,
 ``{"id", "error": {"type", "message"}, "finish_reason": "error", "usage"}``.
@@ -239,7 +240,11 @@ def _final_event(ctx: ReplyContext, finish: Finish, tokens: int) -> dict[str, An
 
 
 def _usage(ctx: ReplyContext, finish: Finish, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": ctx.prompt_tokens_of(finish), "completion_tokens": completion_tokens}
+    return {
+        "prompt_tokens": ctx.prompt_tokens_of(finish),
+        "completion_tokens": completion_tokens,
+        "cached_tokens": finish.cached_tokens,  # prompt tokens the prefix cache served
+    }
 
 
 def _add_timeline(body: dict[str, Any], ctx: ReplyContext, finish: Finish) -> None:

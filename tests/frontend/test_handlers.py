@@ -87,7 +87,11 @@ async def test_generate_json(served: Client, engine: FakeEngine) -> None:
         "id": submit.request_id,
         "text": "Hello",
         "finish_reason": "stop",
-        "usage": {"prompt_tokens": len(submit.prompt_ids), "completion_tokens": 2},
+        "usage": {
+            "prompt_tokens": len(submit.prompt_ids),
+            "completion_tokens": 2,
+            "cached_tokens": 0,
+        },
     }
     assert response.headers["X-Request-Id"] == submit.request_id
     assert submit.sampling == protocol.SamplingParams(0.5, 1.0, 0, 9, ["x"])
@@ -111,7 +115,7 @@ async def test_generate_sse(served: Client, engine: FakeEngine) -> None:
         "id": rid,
         "text": "",
         "finish_reason": "stop",
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 2},
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 2, "cached_tokens": 0},
     }
 
 
@@ -217,7 +221,11 @@ async def test_engine_error_mid_stream_is_the_final_event(
             "id": rid,
             "error": {"type": "engine_error", "message": "decode failed"},
             "finish_reason": "error",
-            "usage": {"prompt_tokens": len(engine.submits[0].prompt_ids), "completion_tokens": 1},
+            "usage": {
+                "prompt_tokens": len(engine.submits[0].prompt_ids),
+                "completion_tokens": 1,
+                "cached_tokens": 0,
+            },
         },
     ]
 
