@@ -41,8 +41,10 @@ async def stream_request(
     url: str,
     body: dict[str, Any],
     text_sink: list[str] | None = None,
+    text_times: list[float] | None = None,
 ) -> Result:
-    """POST /generate as a stream and time it; the text goes to ``text_sink`` if given."""
+    """POST /generate as a stream and time it; the text goes to ``text_sink`` and the arrival
+    time of each text event to ``text_times`` if given (both filled as the stream goes)."""
     result = Result()
     sent = last = time.perf_counter()
     async with session.post(f"{url}/generate", json={**body, "stream": True}) as resp:
@@ -58,6 +60,8 @@ async def stream_request(
             if event.get("text"):
                 if text_sink is not None:
                     text_sink.append(event["text"])
+                if text_times is not None:
+                    text_times.append(now)
                 if result.ttft is None:
                     result.ttft = now - sent
                 else:
@@ -96,10 +100,11 @@ def write_csv(name: str, rows: list[dict[str, Any]]) -> Path:
 
 
 def start_node(*flags: str, frontends: int = 1) -> Node:
-    """A fresh node in a temp dir for this bench run."""
-    return Node(
-        Path(tempfile.mkdtemp(prefix="tinyserve-bench-")), *flags, frontends=frontends
-    ).start()
+    """A fresh node in a temp dir for this bench run, with the server's own default thread
+    count (the test helper would otherwise pin llama.cpp to one thread)."""
+    threads = () if "--threads" in flags else ("--threads", "0")
+    workdir = Path(tempfile.mkdtemp(prefix="tinyserve-bench-"))
+    return Node(workdir, *threads, *flags, frontends=frontends).start()
 
 
 def wait_idle(node: Node) -> None:

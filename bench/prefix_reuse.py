@@ -33,7 +33,7 @@ RULES = [
 SYSTEM = (
     "<|im_start|>system\nYou are the support assistant of ACME Online, a shop that sells "
     "garden tools, kitchen tools and spare parts. Follow these rules. "
-    + " ".join(f"Rule {i + 1}: {rule}" for i, rule in enumerate(RULES * 3))
+    + " ".join(f"Rule {i + 1}: {rule}" for i, rule in enumerate(RULES * 2))
     + "<|im_end|>\n"
 )
 TOPICS = [
@@ -98,6 +98,10 @@ async def conversations(
                 body: dict[str, Any] = {"prompt": history, "max_tokens": max_tokens}
                 text: list[str] = []
                 result = await stream_request(session, url, body, text_sink=text)
+                while result.status == 503:  # eight growing chats can fill the KV cache
+                    await asyncio.sleep(1)
+                    text.clear()
+                    result = await stream_request(session, url, body, text_sink=text)
                 results.append(result)
                 history += "".join(text) + "<|im_end|>\n"
 
