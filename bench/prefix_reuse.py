@@ -52,13 +52,26 @@ def user_turn(text: str) -> str:
     return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def system_tokens() -> int:
+def question(i: int) -> str:
+    return f"Question {i}: I have a problem with {TOPICS[i % len(TOPICS)]}."
+
+
+def shared_prefix_tokens(n: int) -> tuple[int, int]:
+    """(system prompt tokens, tokens every one of the ``n`` prompts of (a) starts with)."""
     import llama_cpp
 
     from tinyserve.model import resolve_model_path
 
     vocab = llama_cpp.Llama(str(resolve_model_path(None)), vocab_only=True, verbose=False)
-    return len(vocab.tokenize(SYSTEM.encode(), add_bos=True, special=True))
+
+    def tokenize(text: str) -> list[int]:
+        return vocab.tokenize(text.encode(), add_bos=True, special=True)
+
+    prompts = [tokenize(SYSTEM + user_turn(question(i))) for i in range(n)]
+    common = 0
+    while all(len(p) > common and p[common] == prompts[0][common] for p in prompts):
+        common += 1
+    return len(tokenize(SYSTEM)), common
 
 
 async def shared_system_prompt(
@@ -73,8 +86,7 @@ async def shared_system_prompt(
         async def client() -> None:
             while queue:
                 i = queue.pop(0)
-                question = f"Question {i}: I have a problem with {TOPICS[i % len(TOPICS)]}."
-                body = {"prompt": SYSTEM + user_turn(question), "max_tokens": max_tokens}
+                body = {"prompt": SYSTEM + user_turn(question(i)), "max_tokens": max_tokens}
                 results.append(await stream_request(session, url, body))
 
         started = time.perf_counter()
@@ -159,8 +171,12 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
-    shared = system_tokens() // 16 * 16  # the full blocks of the shared prompt
-    print(f"shared system prompt: {system_tokens()} tokens ({shared} in full blocks)")
+    system, common = shared_prefix_tokens(args.requests)
+    shared = common // 16 * 16  # what a block-aligned cache can skip of every prompt
+    print(
+        f"system prompt: {system} tokens; all prompts of (a) share their first {common} "
+        f"tokens ({shared} in full blocks)"
+    )
     rows = []
     for cache in ("off", "on"):
         node = start_node("--prefix-cache" if cache == "on" else "--no-prefix-cache", frontends=1)
