@@ -30,9 +30,16 @@ test: setup
 	$(BIN)/python -m pytest -q $(ARGS)
 
 lint: setup
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/mypy tinyserve engine frontend
+	$(BIN)/ruff check tinyserve engine frontend tinyserve_native tests bench deploy
+	$(BIN)/ruff format --check tinyserve engine frontend tinyserve_native tests bench deploy
+	# mypy cannot follow the editable install's folder mapping (engine/ -> tinyserve.engine),
+	# so it checks a package-shaped tree of links to the sources.
+	rm -rf build/typecheck && mkdir -p build/typecheck/tinyserve
+	ln -s $(CURDIR)/tinyserve/*.py build/typecheck/tinyserve/
+	ln -s $(CURDIR)/engine build/typecheck/tinyserve/engine
+	ln -s $(CURDIR)/frontend build/typecheck/tinyserve/frontend
+	ln -s $(CURDIR)/tinyserve_native build/typecheck/tinyserve_native
+	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p tinyserve
 
 bench: setup
 	$(BIN)/python bench/throughput.py $(ARGS)

@@ -127,7 +127,9 @@ class LlamaRuntime:
     def _load_model(path: Path) -> llama_cpp.llama_model_p:
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = 0
-        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        model: llama_cpp.llama_model_p = llama_cpp.llama_model_load_from_file(
+            str(path).encode(), params
+        )
         if not model:
             raise ModelNotFoundError(f"llama.cpp could not load model file: {path}")
         return model
@@ -144,7 +146,7 @@ class LlamaRuntime:
         params.n_threads = spec.n_threads
         params.n_threads_batch = spec.n_threads
         params.no_perf = True
-        ctx = llama_cpp.llama_init_from_model(self._model, params)
+        ctx: llama_cpp.llama_context_p = llama_cpp.llama_init_from_model(self._model, params)
         if not ctx:
             raise EngineFatalError("llama.cpp could not create a context")
         return ctx

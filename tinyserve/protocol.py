@@ -66,7 +66,7 @@ class Message:
 
     @classmethod
     def from_wire(cls: type[M], items: list[Any]) -> M:
-        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        names = [f.name for f in dataclasses.fields(cls)]
         if not isinstance(items, list) or len(items) != len(names):
             raise ProtocolError(f"{cls.__name__}: expected {len(names)} fields")
         values = {}
@@ -234,7 +234,10 @@ _BY_TAG: dict[int, type[Message]] = {
 
 def encode(message: Message) -> bytes:
     """One wire frame for ``message``."""
-    return msgpack.packb([PROTOCOL_VERSION, message.TAG, *message.to_wire()], use_bin_type=True)
+    frame: bytes = msgpack.packb(
+        [PROTOCOL_VERSION, message.TAG, *message.to_wire()], use_bin_type=True
+    )
+    return frame
 
 
 def decode(frame: bytes) -> Message:
