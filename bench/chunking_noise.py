@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.engine.conftest import core_config
 from tests.engine.test_core import Driver
-from tests.engine.test_prefix_cache import chat
+from tests.engine.test_prefix_cache import chat, hand_over_instead
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
 
@@ -68,16 +68,7 @@ def main() -> None:
     d = driver()
     shifted = question[:1] + tokenize("Note:")[1:2] + question[1:]
     first(d, shifted)
-    tree = d.core.cache.tree  # type: ignore[union-attr]
-
-    class OffByOne:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(tree, name)
-
-        def match(self, tokens: list[int]) -> Any:
-            return tree.match(shifted[: len(tokens)])
-
-    d.core.cache.tree = OffByOne()  # type: ignore[union-attr,assignment]
+    hand_over_instead(d, shifted)
     print("wrong reuse (shifted by one): " + compare(base, first(d, question)))
     runtime.close()
 

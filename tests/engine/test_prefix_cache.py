@@ -47,6 +47,21 @@ def same_prediction(a: dict[int, float], b: dict[int, float]) -> bool:
     return top_a == top_b and max(abs(a[t] - b[t]) for t in top_a) < TOLERANCE
 
 
+def hand_over_instead(d: Driver, cached: list[int]) -> None:
+    """Sabotage ``d``'s cache: every lookup is answered with the blocks of ``cached``
+    (already run) instead of the prompt's own, as a wrong reuse would."""
+    tree = d.core.cache.tree  # type: ignore[union-attr]
+
+    class Wrong:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(tree, name)
+
+        def match(self, tokens: list[int]) -> Any:
+            return tree.match(cached[: len(tokens)])
+
+    d.core.cache.tree = Wrong()  # type: ignore[union-attr,assignment]
+
+
 def run(d: Driver, prompt: list[int], **kw: Any) -> str:
     rid = d.submit(prompt, **{"max_tokens": 2, **kw})
     d.run()
@@ -92,18 +107,7 @@ def test_a_wrong_reuse_fails_the_same_check(
     question = tokenize(chat("Name three rivers in Europe."))
     shifted = question[:1] + tokenize("Note:")[1:2] + question[1:]  # one position off
     run(d, shifted)
-    tree = d.core.cache.tree  # type: ignore[union-attr]
-
-    class OffByOne:
-        """Answers lookups for the question with the shifted prompt's blocks."""
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(tree, name)
-
-        def match(self, tokens: list[int]) -> Any:
-            return tree.match(shifted[: len(tokens)])
-
-    d.core.cache.tree = OffByOne()  # type: ignore[union-attr,assignment]
+    hand_over_instead(d, shifted)
     rid = run(d, question, logprobs=20)
     assert d.final(rid).cached_tokens >= 64
     assert not same_prediction(reference, first_logprobs(d, rid))
