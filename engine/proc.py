@@ -142,9 +142,11 @@ class EngineProcess:
         while not self._finished():
             self._receive(block=not self.core.has_work())
             self._housekeeping()
-            if self.core.has_work() or self.core.outbox:
-                self._publish(self.core.step())
+            outputs = self.core.step() if self.core.has_work() or self.core.outbox else []
+            # Board first: a frontend that sees a request's output also sees the capacity and
+            # counts of the tick that produced it.
             self._publish_board(STATE_DRAINING if self.core.draining else STATE_READY)
+            self._publish(outputs)
             self.heartbeat.progress_ns = time.monotonic_ns()
         for request_id in list(self.core.by_id):
             self.core.cancel(request_id, FINISH_ERROR)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,10 +65,15 @@ _LOG_CALLBACK = llama_cpp.llama_log_callback(_route_llama_log)
 class Sampler:
     """One llama.cpp sampler chain, owned by one sequence."""
 
-    def __init__(self, params: SamplingParams, n_vocab: int) -> None:
+    def __init__(self, params: SamplingParams, n_vocab: int, eog_tokens: list[int]) -> None:
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
+        if params.ignore_eos:
+            banned = (llama_cpp.llama_logit_bias * len(eog_tokens))(
+                *(llama_cpp.llama_logit_bias(token, -math.inf) for token in eog_tokens)
+            )
+            self._add(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(eog_tokens), banned))
         if params.presence_penalty or params.frequency_penalty:
             self._add(
                 llama_cpp.llama_sampler_init_penalties(
@@ -108,6 +114,7 @@ class LlamaRuntime:
         self._model = self._load_model(spec.model_path)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.eog_tokens = [t for t in range(self.n_vocab) if self.is_eog(t)]
         self.ctx = self._new_context(spec)
         self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
         self._memory = llama_cpp.llama_get_memory(self.ctx)
@@ -156,7 +163,7 @@ class LlamaRuntime:
         return int(llama_cpp.llama_decode(self.ctx, self._batch))
 
     def new_sampler(self, params: SamplingParams) -> Sampler:
-        return Sampler(params, self.n_vocab)
+        return Sampler(params, self.n_vocab, self.eog_tokens)
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))

@@ -10,7 +10,7 @@ the contract (``docs/api.md`` lists them, the OpenAPI document is built from the
 - anything else: a 400 naming the unknown field.
 
 ``null`` means the default for every known field. Extensions: ``priority``, ``tenant``,
-``top_k``, and for chat ``add_generation_prompt`` / ``continue_final_message``.
+``top_k``, ``ignore_eos``, and for chat ``add_generation_prompt`` / ``continue_final_message``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ UNSUPPORTED_PARAMETER = "unsupported_parameter"
 
 _COMMON = frozenset(
     {"model", "max_tokens", "n", "stream", "stream_options", "temperature", "top_p", "seed",
-     "stop", "presence_penalty", "frequency_penalty", "user", "priority", "tenant", "top_k"}
+     "stop", "presence_penalty", "frequency_penalty", "user", "priority", "tenant", "top_k",
+     "ignore_eos"}
 )  # fmt: skip
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs"}
 CHAT_FIELDS = _COMMON | {

@@ -59,6 +59,7 @@ SHARED: dict[str, Schema] = {
     "temperature": _t(["number", "null"], "0 is greedy", minimum=0, maximum=TEMPERATURE_MAX),
     "top_p": _t(["number", "null"], "nucleus sampling", exclusiveMinimum=0, maximum=1),
     "top_k": _t(["integer", "null"], "0 disables it", minimum=0),
+    "ignore_eos": _t(["boolean", "null"], "never end at an end-of-generation token"),
     "seed": _t(["integer", "null"], "sampling seed; same seed, same text", minimum=0,
                maximum=SEED_MAX),
     "stop": _STOP,

@@ -76,6 +76,7 @@ def _submit_message(
         temperature=req.temperature,
         top_p=req.top_p,
         top_k=req.top_k,
+        ignore_eos=req.ignore_eos,
         seed=req.seed,
         stop=req.stop,
         presence_penalty=req.presence_penalty,

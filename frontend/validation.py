@@ -33,6 +33,7 @@ FIELDS = frozenset(
         "temperature",
         "top_p",
         "top_k",
+        "ignore_eos",
         "seed",
         "stop",
         "priority",
@@ -60,6 +61,7 @@ class GenerateRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int = -1  # alternatives per token to report; -1: no logprobs
+    ignore_eos: bool = False
 
 
 def parse_generate(body: bytes, config: Config) -> GenerateRequest:
@@ -84,6 +86,7 @@ def common_fields(data: dict[str, Any], *, temperature: float = 0.0) -> dict[str
         "temperature": optional(data, "temperature", check_temperature, temperature),
         "top_p": optional(data, "top_p", check_top_p, 1.0),
         "top_k": optional(data, "top_k", check_top_k, 0),
+        "ignore_eos": optional(data, "ignore_eos", check_bool, False),
         "seed": optional(data, "seed", check_seed, None),
         "stop": optional(data, "stop", check_stop, []),
         "priority": optional(data, "priority", check_priority, 0),

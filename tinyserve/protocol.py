@@ -104,6 +104,7 @@ class SamplingParams(Message):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int = -1  # top alternatives to report per token (-1: no logprobs at all)
+    ignore_eos: bool = False  # never sample an end-of-generation token
 
 
 # -- frontend -> engine -------------------------------------------------------------------

@@ -126,6 +126,20 @@ def test_stop_string_ends_the_sequence_and_is_not_emitted(
     assert driver.text(again) == full[: full.find(stop.encode())]
 
 
+def test_ignore_eos_runs_to_max_tokens_where_the_model_would_stop(
+    driver: Driver, tokenize: Callable[[str], list[int]], runtime: LlamaRuntime
+) -> None:
+    prompt = tokenize("<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n")
+    natural = driver.submit(prompt, max_tokens=200)
+    forced = driver.submit(prompt, max_tokens=200, ignore_eos=True)
+    driver.run()
+    assert driver.final(natural).finish_reason == p.FINISH_STOP  # a short reply, then EOG
+    assert len(driver.tokens(natural)) < 200
+    assert driver.final(forced).finish_reason == p.FINISH_LENGTH
+    assert len(driver.tokens(forced)) == 200
+    assert not any(runtime.is_eog(t) for t in driver.tokens(forced))
+
+
 def test_character_split_across_tokens_arrives_whole_in_the_bytes(driver: Driver) -> None:
     # Measured: this prompt makes SmolLM2 repeat U+FF0D, whose 3 bytes span two tokens.
     rid = driver.submit(PROMPT, max_tokens=8)

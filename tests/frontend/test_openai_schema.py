@@ -49,11 +49,11 @@ def test_every_completion_field() -> None:
         max_tokens=7, temperature=0.5, top_p=0.9, top_k=4, seed=3, stop=["a", "b"],
         presence_penalty=0.5, frequency_penalty=-1, logprobs=2, priority=2, tenant="t",
         stream=True, stream_options={"include_usage": True}, n=1, user="u",
-        best_of=1, echo=False, suffix=None, logit_bias={},
+        best_of=1, echo=False, suffix=None, logit_bias={}, ignore_eos=True,
     )  # fmt: skip
     assert req.generate == GenerateRequest(
         "p", 7, True, 0.5, 0.9, 4, 3, ["a", "b"], 2, "t",
-        presence_penalty=0.5, frequency_penalty=-1.0, logprobs=2,
+        presence_penalty=0.5, frequency_penalty=-1.0, logprobs=2, ignore_eos=True,
     )  # fmt: skip
     assert req.include_usage
 

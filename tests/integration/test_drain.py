@@ -26,9 +26,14 @@ from tests.integration.units import (
 
 pytestmark = pytest.mark.integration
 
-PROMPT = "1, 2, 3, 4, 5,"  # numbers keep the model talking: no early end of generation
-SHORT = {"prompt": PROMPT, "max_tokens": 8}
-LONG = {"prompt": PROMPT, "max_tokens": 3000}  # minutes on this CPU: outlasts any drain here
+PROMPT = "1, 2, 3, 4, 5,"
+# ignore_eos: only max_tokens ends these, however the model continues
+SHORT = {"prompt": PROMPT, "max_tokens": 8, "ignore_eos": True}
+LONG = {
+    "prompt": PROMPT,
+    "max_tokens": 3000,
+    "ignore_eos": True,
+}  # minutes on this CPU: outlasts any drain here
 FRONTEND_CUT_S = 2.0
 ENGINE_DRAIN_S = 10.0
 AT_ONCE_S = 2.0

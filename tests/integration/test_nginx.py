@@ -26,7 +26,7 @@ pytestmark = [
     pytest.mark.skipif(find_nginx() is None, reason="nginx not installed (make setup installs it)"),
 ]
 
-COUNTING = "1, 2, 3, 4, 5,"  # numbers keep the model talking: no early end of generation
+COUNTING = "1, 2, 3, 4, 5,"  # with ignore_eos below: only max_tokens ends these
 # Node A's queue. Not 1: a frontend's board slot shows a request it sent as pending until its
 # next tick (0.25 s), even once the engine queued it, so back-to-back requests would be
 # counted twice and refused with a queue of one.
@@ -68,7 +68,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 async def node_full(node: UnitNode) -> AsyncIterator[None]:
     """Fill node A (one slot, a queue of ``A_QUEUE``): one long request running, the queue
     full of others."""
-    body = {"prompt": COUNTING, "max_tokens": 1000}
+    body = {"prompt": COUNTING, "max_tokens": 1000, "ignore_eos": True}
     fillers: list[asyncio.Task[TimedStream]] = []
 
     def settled(running: int, waiting: int) -> bool:
@@ -117,7 +117,7 @@ async def test_first_sse_token_arrives_before_the_stream_ends(site: Site) -> Non
 
     async with aiohttp.ClientSession() as session:
         watcher = asyncio.create_task(watch())
-        body = {"prompt": COUNTING, "max_tokens": 64}
+        body = {"prompt": COUNTING, "max_tokens": 64, "ignore_eos": True}
         await timed_stream(session, site.one_node.url, body, seen)
         await watcher
     assert seen.status == 200 and seen.final is not None

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 ERROR_WITHIN_S = 1.0
 # 3 of them fit the KV cache at once (4096 cells): 3 x 63 blocks of 16 tokens.
-LONG = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 1000}
+LONG = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 1000, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")

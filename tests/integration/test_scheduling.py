@@ -57,7 +57,7 @@ async def wait_idle(board: Board, timeout: float = 10.0) -> None:
 
 
 async def test_burst_accepts_exactly_what_the_kv_math_allows(node: Node, board: Board) -> None:
-    prompt, max_tokens = "1, 2, 3, 4, 5,", 40  # numbers: the model keeps counting
+    prompt, max_tokens = "1, 2, 3, 4, 5,", 40
     async with aiohttp.ClientSession() as s:
         status, probe = await generate(s, node.url, prompt=prompt, max_tokens=1)
         assert status == 200
@@ -76,7 +76,8 @@ async def test_burst_accepts_exactly_what_the_kv_math_allows(node: Node, board: 
 
         async def one() -> tuple[int, dict[str, object], str | None]:
             async with s.post(
-                f"{node.url}/generate", json={"prompt": prompt, "max_tokens": max_tokens}
+                f"{node.url}/generate",
+                json={"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True},
             ) as resp:
                 return resp.status, await resp.json(), resp.headers.get("Retry-After")
 
@@ -117,7 +118,13 @@ async def test_disconnect_mid_decode_frees_the_slot_within_a_tick(node: Node, bo
     async with aiohttp.ClientSession() as s:
         resp = await s.post(
             f"{node.url}/generate",
-            json={"prompt": "1, 2, 3, 4, 5,", "max_tokens": 400, "stream": True},
+            # ignore_eos: the request must still be running when the client leaves
+            json={
+                "prompt": "1, 2, 3, 4, 5,",
+                "max_tokens": 400,
+                "stream": True,
+                "ignore_eos": True,
+            },
         )
         assert resp.status == 200, await resp.text()
         events = sse_events(resp)
@@ -161,7 +168,7 @@ async def test_queue_and_request_timeouts(tmp_path_factory: pytest.TempPathFacto
     try:
         async with aiohttp.ClientSession() as s:
             long = asyncio.create_task(
-                generate(s, timed.url, prompt="1, 2, 3, 4, 5,", max_tokens=1000)
+                generate(s, timed.url, prompt="1, 2, 3, 4, 5,", max_tokens=1000, ignore_eos=True)
             )
             await asyncio.sleep(0.3)
             status, queued = await generate(s, timed.url, prompt="Hello", max_tokens=5)
