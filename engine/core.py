@@ -11,6 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tinyserve.config import Config
 from tinyserve.engine.outbox import Outbox
@@ -18,6 +19,8 @@ from tinyserve.engine.policies import Policy, make_policy
 from tinyserve.engine.prefix_cache import NO_HIT, PrefixCache
 from tinyserve.engine.runtime import LlamaRuntime, Sampler
 from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.engine.spans import SpanRecorder
+from tinyserve.engine.timeline import RecentTimelines, Timeline
 from tinyserve.logs import fields
 from tinyserve.protocol import (
     EVENT_ACCEPTED,
@@ -64,8 +67,10 @@ class EngineCore:
         config: Config,
         runtime: LlamaRuntime,
         clock: Callable[[], int] = time.monotonic_ns,
+        spans: SpanRecorder | None = None,
     ) -> None:
         self.config = config
+        self.spans = spans  # OpenTelemetry spans of finished requests; None: tracing off
         self.runtime = runtime
         self.clock = clock
         self.n_ctx = runtime.n_ctx
@@ -82,6 +87,8 @@ class EngineCore:
         self.tick = 0
         self.draining = False
         self._arrivals = 0
+        self._grants = 0  # slot grants so far: "admitted ahead of it" in timelines
+        self.recent = RecentTimelines(config.timeline_keep)
         self._finished_at: deque[int] = deque()
         self._last_batch = (0, 0, 0.0)  # requests, tokens, seconds
 
@@ -94,7 +101,7 @@ class EngineCore:
             return
         reason = self._rejection(request)
         if reason:
-            self.outbox.finish(request, FINISH_REJECTED, reason)
+            self._reject(request, reason)
             return
         hit = self.cache.lookup(request.prompt_ids) if self.cache else NO_HIT
         need = self.blocks.blocks_for(len(request.prompt_ids) + request.max_tokens)
@@ -102,11 +109,13 @@ class EngineCore:
         if not self._make_room(own):
             if self.cache:
                 self.cache.unpin(hit)
-            self.outbox.finish(request, FINISH_REJECTED, REJECT_KV_CACHE_FULL)
+            self._reject(request, REJECT_KV_CACHE_FULL)
             return
         self._arrivals += 1
         blocks = hit.block_ids + self.blocks.allocate(own)
-        seq = Sequence(request, blocks, self._arrivals, self.clock(), hit=hit)
+        now = self.clock()
+        seq = Sequence(request, blocks, self._arrivals, now, hit=hit, policy_name=self.policy.name)
+        seq.timeline.accept(self.tick, now, own, self._grants, len(self.running), len(self.policy))
         self.by_id[request.request_id] = seq
         self.policy.add(seq)
         self.outbox.event(request, EVENT_ACCEPTED, self.tick, own)
@@ -123,6 +132,12 @@ class EngineCore:
         if len(self.policy) - free_slots >= self.config.max_queue:
             return REJECT_QUEUE_FULL
         return ""
+
+    def _reject(self, request: Submit, reason: str) -> None:
+        timeline = Timeline(request, self.policy.name)
+        timeline.end(FINISH_REJECTED, reason, self.tick, self.clock(), 0)
+        self._record(timeline)
+        self.outbox.finish(request, FINISH_REJECTED, reason, timeline=timeline.to_dict())
 
     def _make_room(self, n_blocks: int) -> bool:
         if self.cache:
@@ -184,11 +199,32 @@ class EngineCore:
             self.slots[slot] = seq
             self.running.append(seq)
             self.samplers[slot] = self.runtime.new_sampler(seq.request.sampling)
-            self.outbox.event(seq.request, EVENT_SLOT, self.tick + 1, slot)
+            rule = self.policy.rule(seq)
+            seq.timeline.grant(self.tick + 1, now, slot, rule, self._grants)
+            self._grants += 1
+            # The rule's first word only: bounded, so metrics can count decisions by it.
+            self.outbox.event(seq.request, EVENT_SLOT, self.tick + 1, slot, rule.split(" ")[0])
             if self.cache and seq.hit.n_tokens:
                 self.cache.attach(seq.hit, slot)
-                seq.n_past = seq.hit.n_tokens
+                seq.n_past = seq.timeline.prefix_tokens = seq.hit.n_tokens
                 self.outbox.event(seq.request, EVENT_PREFIX_HIT, self.tick + 1, seq.n_past)
+            if log.isEnabledFor(logging.DEBUG):
+                self._log_grant(seq, rule)
+
+    def _log_grant(self, seq: Sequence, rule: str) -> None:
+        assert seq.timeline.slot is not None
+        log.debug(
+            "slot granted",
+            extra=fields(
+                request_id=seq.request_id,
+                slot=seq.slot,
+                policy=self.policy.name,
+                rule=rule,
+                ahead=seq.timeline.slot[4],
+                waited_ms=round((seq.slot_ns - seq.accepted_ns) / 1e6, 3),
+                waiting=len(self.policy),
+            ),
+        )
 
     def _build_batch(self) -> list[BatchRow]:
         """Decode rows first (one token each), then prefill chunks within the token budget."""
@@ -227,14 +263,20 @@ class EngineCore:
         return False
 
     def _sample(self, batch: list[BatchRow], now: int) -> None:
+        decode_ns = int(self._last_batch[2] * 1e9)
         for item in batch:
             seq = item.seq
             seq.n_past += item.n_tokens
             self.policy.charge(seq, item.n_tokens)
+            if seq.status is Status.PREFILL:
+                seq.timeline.prefill_chunk(self.tick, item.n_tokens, now, decode_ns)
+            else:
+                seq.timeline.decode_tick(self.tick, len(batch), now)
             if item.row < 0:
                 continue
             if seq.status is Status.PREFILL:
                 seq.status, seq.first_token_ns = Status.DECODE, now
+                seq.timeline.first_token(now)
             self._accept_token(seq, item.row)
 
     def _accept_token(self, seq: Sequence, row: int) -> None:
@@ -263,10 +305,21 @@ class EngineCore:
         seq.status = Status.FINISHED
         self.blocks.release_all(seq.blocks)
         del self.by_id[seq.request_id]
+        now = self.clock()
+        seq.timeline.end(reason, detail, self.tick, now, seq.generated)
+        timeline = self._record(seq.timeline)
         self.outbox.text(seq.request, seq.stops.flush())
         self.outbox.event(seq.request, EVENT_FINISHED, self.tick, seq.generated, reason)
-        self.outbox.finish(seq.request, reason, detail, seq.hit.n_tokens)
-        self._finished_at.append(self.clock())
+        self.outbox.finish(seq.request, reason, detail, seq.hit.n_tokens, timeline)
+        self._finished_at.append(now)
+
+    def _record(self, timeline: Timeline) -> dict[str, Any]:
+        """Keep a finished request's timeline for queries and hand it to tracing."""
+        as_dict = timeline.to_dict()
+        self.recent.add(timeline.request.request_id, as_dict)
+        if self.spans is not None:
+            self.spans.record(timeline)
+        return as_dict
 
     def _free_slot(self, seq: Sequence) -> None:
         self.samplers.pop(seq.slot).free()
@@ -275,6 +328,11 @@ class EngineCore:
         self.running.remove(seq)
 
     # -- reporting ---------------------------------------------------------------------------
+
+    def timeline_of(self, request_id: str) -> dict[str, Any] | None:
+        """A request's timeline: live while it runs, then kept for the recent ones."""
+        seq = self.by_id.get(request_id)
+        return seq.timeline.to_dict() if seq is not None else self.recent.get(request_id)
 
     def drain_rate(self) -> float:
         """Requests finished per second over the last ``DRAIN_WINDOW_S`` seconds."""

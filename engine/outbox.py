@@ -20,6 +20,7 @@ class _Draft:
     detail: str = ""
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    timeline: dict[str, Any] | None = None
 
 
 class Outbox:
@@ -56,13 +57,19 @@ class Outbox:
         self._draft(request).text += text
 
     def finish(
-        self, request: Submit, reason: str, detail: str = "", cached_tokens: int = 0
+        self,
+        request: Submit,
+        reason: str,
+        detail: str = "",
+        cached_tokens: int = 0,
+        timeline: dict[str, Any] | None = None,
     ) -> None:
         draft = self._draft(request)
         draft.finish_reason = reason
         draft.detail = detail
         draft.prompt_tokens = len(request.prompt_ids)
         draft.cached_tokens = cached_tokens
+        draft.timeline = timeline
 
     def __bool__(self) -> bool:
         return bool(self._drafts)
@@ -87,6 +94,7 @@ class Outbox:
                     detail=d.detail,
                     prompt_tokens=d.prompt_tokens,
                     cached_tokens=d.cached_tokens,
+                    timeline=d.timeline,
                     logprobs=d.logprobs,
                 )
             )

@@ -26,6 +26,11 @@ class Policy(Protocol):
     def pop_next(self) -> Sequence | None:
         """The waiting request to admit into a free slot now, or None if none waits."""
 
+    def rule(self, seq: Sequence) -> str:
+        """Why ``seq`` was chosen; called right after ``pop_next`` returned it. The first word
+        is the rule itself ("arrival", "priority=3", "tenant=a"), bounded so metrics can
+        label by it; any further words are the figures behind it (WFQ's virtual time)."""
+
     def charge(self, seq: Sequence, tokens: int) -> None:
         """``seq`` had ``tokens`` tokens processed this tick (prefilled or generated)."""
 
@@ -53,6 +58,9 @@ class HeapPolicy:
         self._waiting = 0
 
     def key(self, seq: Sequence) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def rule(self, seq: Sequence) -> str:
         raise NotImplementedError
 
     def add(self, seq: Sequence) -> None:
@@ -89,6 +97,9 @@ class FifoPolicy(HeapPolicy):
     def key(self, seq: Sequence) -> tuple[int, ...]:
         return (seq.order,)
 
+    def rule(self, seq: Sequence) -> str:
+        return "arrival"
+
 
 class PriorityPolicy(HeapPolicy):
     """Larger ``priority`` first, arrival order among equals.
@@ -101,6 +112,9 @@ class PriorityPolicy(HeapPolicy):
 
     def key(self, seq: Sequence) -> tuple[int, ...]:
         return (-seq.request.priority, seq.order)
+
+    def rule(self, seq: Sequence) -> str:
+        return f"priority={seq.request.priority}"
 
 
 def make_policy(name: str, weights: dict[str, float] | None = None) -> Policy:

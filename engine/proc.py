@@ -17,6 +17,7 @@ import zmq
 from tinyserve.config import Config, notify_socket, watchdog_interval_s
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
+from tinyserve.engine.spans import SpanRecorder
 from tinyserve.errors import TinyServeError
 from tinyserve.logs import fields, setup_logging
 from tinyserve.model import model_name
@@ -32,12 +33,16 @@ from tinyserve.protocol import (
     ProtocolError,
     Submit,
     TickOutput,
+    TimelineQuery,
+    TimelineReply,
     decode,
     encode,
     topic,
 )
 from tinyserve.rundir import prepare_runtime_dir, remove_quietly
 from tinyserve.sdnotify import Notifier
+from tinyserve.tracing import Tracing
+from tinyserve.tracing import from_config as tracing_from_config
 from tinyserve_native.board import Board, BoardError
 
 log = logging.getLogger(__name__)
@@ -76,13 +81,15 @@ class HeartbeatThread(threading.Thread):
 class EngineProcess:
     """Owns the sockets, the board and the core; ``serve`` runs until stopped."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, tracing: Tracing | None = None) -> None:
         self.config = config
+        self.tracing = tracing or tracing_from_config(config, "engine")
         self.notifier = Notifier(notify_socket())
         self.started_ns = time.monotonic_ns()
         self.model_name = model_name(config.model, config.model_name)
         self.runtime = LlamaRuntime(RuntimeSpec.from_config(config))
-        self.core = EngineCore(config, self.runtime)
+        spans = SpanRecorder(self.tracing) if self.tracing.tracer else None
+        self.core = EngineCore(config, self.runtime, spans=spans)
         self.board = Board.create(config.board_path)
         self.board.set_identity(os.getpid(), self.started_ns)
         self.heartbeat = HeartbeatThread(self.board)
@@ -135,6 +142,7 @@ class EngineProcess:
         self.board.close()
         self.board.unlink()
         self.runtime.close()
+        self.tracing.shutdown()
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -177,8 +185,18 @@ class EngineProcess:
             self.core.cancel(message.request_id, message.reason)
         elif isinstance(message, Hello):
             self._greet(message)
+        elif isinstance(message, TimelineQuery):
+            self._answer_timeline_query(message)
         else:
             log.warning("dropped unexpected message", extra=fields(type=type(message).__name__))
+
+    def _answer_timeline_query(self, query: TimelineQuery) -> None:
+        fid, rid = query.frontend_id, query.request_id
+        if not (isinstance(fid, str) and fid.isascii() and isinstance(rid, str)):
+            log.warning("dropped malformed timeline query")
+            return
+        reply = TimelineReply(fid, query.query_id, self.core.timeline_of(rid))
+        self.outbox.send_multipart([topic(fid), encode(reply)])
 
     def _greet(self, hello: Hello) -> None:
         if hello.frontend_id not in self.frontends:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from tinyserve.engine.prefix_cache import NO_HIT, Hit
 from tinyserve.engine.stops import StopMatcher
+from tinyserve.engine.timeline import Timeline
 from tinyserve.protocol import Submit
 
 
@@ -35,9 +36,12 @@ class Sequence:
     stops: StopMatcher = field(init=False)
     slot_ns: int = 0
     first_token_ns: int = 0
+    timeline: Timeline = field(init=False)
+    policy_name: str = ""
 
     def __post_init__(self) -> None:
         self.stops = StopMatcher(self.request.sampling.stop)
+        self.timeline = Timeline(self.request, self.policy_name)
 
     @property
     def request_id(self) -> str:

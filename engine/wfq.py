@@ -63,6 +63,11 @@ class WfqPolicy:
         self._waiting -= 1
         return seq
 
+    def rule(self, seq: Sequence) -> str:
+        """The tenant (the backlogged one with the smallest virtual time) and that time."""
+        tenant = self._tenants[seq.request.tenant]
+        return f"tenant={seq.request.tenant} vtime={tenant.vtime:.1f} weight={tenant.weight:g}"
+
     def charge(self, seq: Sequence, tokens: int) -> None:
         tenant = self._tenants[seq.request.tenant]
         tenant.vtime += tokens / tenant.weight

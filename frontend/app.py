@@ -23,18 +23,20 @@ from tinyserve.frontend.drain import DRAIN, Drain, drain_middleware
 from tinyserve.frontend.engine_client import EngineClient
 from tinyserve.frontend.engine_link import EngineLink
 from tinyserve.frontend.handlers import add_routes
-from tinyserve.frontend.keys import CHAT_TEMPLATE, CLIENT, CONFIG, LINK, TOKENIZER
+from tinyserve.frontend.keys import CHAT_TEMPLATE, CLIENT, CONFIG, LINK, TOKENIZER, TRACING
 from tinyserve.frontend.tokenizer import Tokenizer
 from tinyserve.logs import fields
+from tinyserve.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
 
-def build_app(config: Config) -> web.Application:
+def build_app(config: Config, tracing: Tracing | None = None) -> web.Application:
     """The frontend app; its engine connection starts when the app starts."""
     # error_middleware outermost: the drain's 503 gets the same JSON shape as every error.
     app = web.Application(middlewares=[error_middleware, drain_middleware])
     app[CONFIG] = config
+    app[TRACING] = tracing or Tracing()  # the caller owns it (and flushes it at exit)
     app[DRAIN] = Drain()
     app.cleanup_ctx.append(_tokenizer_ctx)
     app.cleanup_ctx.append(_engine_ctx)

@@ -15,6 +15,7 @@ import logging
 import os
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -56,6 +57,8 @@ class EngineClient:
         self._streams: dict[str, RequestStream] = {}
         self._ack_waiter: asyncio.Future[protocol.HelloAck] | None = None
         self.on_pending_change: Callable[[], None] | None = None
+        self._queries: dict[int, asyncio.Future[dict[str, Any] | None]] = {}
+        self._next_query = 0
 
     # -- sending ------------------------------------------------------------------------------
 
@@ -84,6 +87,19 @@ class EngineClient:
         except EngineUnreachable:
             # The engine is gone or restarting: the request died with it.
             log.info("cancel not sent: engine unreachable", extra=fields(request_id=request_id))
+
+    async def timeline(self, request_id: str, timeout_s: float) -> dict[str, Any] | None:
+        """Ask the engine for a request's timeline; None when it does not know the id.
+        Raises ``EngineUnreachable``, or ``TimeoutError`` when no answer comes in time."""
+        self._next_query += 1
+        query_id = self._next_query
+        answer = asyncio.get_running_loop().create_future()
+        self._queries[query_id] = answer
+        try:
+            self.send(protocol.TimelineQuery(self.frontend_id, query_id, request_id))
+            return await asyncio.wait_for(answer, timeout_s)
+        finally:
+            self._queries.pop(query_id, None)
 
     def release(self, request_id: str) -> None:
         """Forget a request's stream once its handler is done with it."""
@@ -157,6 +173,10 @@ class EngineClient:
                 # Our board slot must stop counting these at once, or every frontend's
                 # admission would charge them twice (pending here, used at the engine).
                 self.on_pending_change()
+        elif isinstance(message, protocol.TimelineReply):
+            answer = self._queries.get(message.query_id)
+            if answer is not None and not answer.done():
+                answer.set_result(message.timeline)
         elif isinstance(message, protocol.HelloAck):
             waiter = self._ack_waiter
             # Acks to our earlier, repeated hellos arrive after the first one: ignored.

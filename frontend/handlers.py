@@ -1,5 +1,6 @@
 """HTTP routes: ``POST /generate``, ``GET /health``, ``GET /ready``; ``add_routes`` also
-registers the OpenAI-compatible routes (``openai_api``) and ``GET /openapi.json``.
+registers the OpenAI-compatible routes (``openai_api``), ``GET /openapi.json`` and
+``GET /v1/requests/{id}`` (``timelines``).
 
 ``/generate`` parses its body and runs the shared pipeline (``pipeline.run``: tokenize ->
 admit -> submit -> wait for the engine's first word -> reply) with the native reply format.
@@ -14,6 +15,7 @@ from tinyserve.frontend.keys import CONFIG, LINK
 from tinyserve.frontend.openai_api import add_openai_routes
 from tinyserve.frontend.openapi import add_openapi_route
 from tinyserve.frontend.replies import engine_unavailable, native_reply, rejection_error
+from tinyserve.frontend.timelines import add_timeline_route
 from tinyserve.frontend.validation import parse_generate
 
 
@@ -46,3 +48,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/ready", ready)
     add_openai_routes(app)
     add_openapi_route(app)
+    add_timeline_route(app)

@@ -9,9 +9,11 @@ from tinyserve.frontend.chat_template import ChatTemplate
 from tinyserve.frontend.engine_client import EngineClient
 from tinyserve.frontend.engine_link import EngineLink
 from tinyserve.frontend.tokenizer import Tokenizer
+from tinyserve.tracing import Tracing
 
 CONFIG = web.AppKey("config", Config)
 CLIENT = web.AppKey("engine_client", EngineClient)
 LINK = web.AppKey("engine_link", EngineLink)
 TOKENIZER = web.AppKey("tokenizer", Tokenizer)
 CHAT_TEMPLATE = web.AppKey("chat_template", ChatTemplate)
+TRACING = web.AppKey("tracing", Tracing)

@@ -6,6 +6,7 @@ a route added without a description here fails the suite.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from tinyserve.frontend.openapi_schemas import SCHEMAS, Schema, ref
+from tinyserve.frontend.timelines import TIMELINE_SCHEMA
 
 OPENAPI_VERSION = "3.1.0"
 SSE = "text/event-stream"
@@ -46,11 +48,13 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/v1/chat/completions", "OpenAI chat completions", "ChatCompletion",
               "ChatCompletionRequest", "ChatCompletionChunk", _GENERATION_ERRORS, "OpenAIError"),
     Operation("get", "/openapi.json", "This document", "OpenAPIDocument"),
+    Operation("get", "/v1/requests/{request_id}", "Timeline of a recent request",
+              "RequestTimeline", errors=(404, 503), error_schema="OpenAIError"),
 )  # fmt: skip
 
 _ERROR_TEXT = {
     400: "invalid request (type invalid_request / context_length_exceeded)",
-    404: "unknown model",
+    404: "unknown model, or no recent request with that id",
     500: "engine or server error",
     503: "overloaded, draining or no engine; retry after Retry-After seconds",
 }
@@ -69,7 +73,13 @@ def document() -> dict[str, Any]:
             "description": "Native /generate API and an OpenAI-compatible API; see docs/api.md.",
         },
         "paths": paths,
-        "components": {"schemas": {**SCHEMAS, "OpenAPIDocument": {"type": "object"}}},
+        "components": {
+            "schemas": {
+                **SCHEMAS,
+                "OpenAPIDocument": {"type": "object"},
+                "RequestTimeline": TIMELINE_SCHEMA,
+            }
+        },
     }
 
 
@@ -92,6 +102,10 @@ def _operation(op: Operation) -> dict[str, Any]:
     for status in op.errors:
         responses[str(status)] = _error_response(status, op.error_schema)
     operation: dict[str, Any] = {"summary": op.summary, "responses": responses}
+    names = re.findall(r"{(\w+)}", op.path)
+    if names:
+        path_param = {"in": "path", "required": True, "schema": {"type": "string"}}
+        operation["parameters"] = [{"name": n, **path_param} for n in names]
     if op.request is not None:
         body = {"application/json": {"schema": ref(op.request)}}
         operation["requestBody"] = {"required": True, "content": body}

@@ -8,9 +8,6 @@ an error. ``/generate`` and the OpenAI routes differ only in how they parse and 
 
 from __future__ import annotations
 
-import time
-import uuid
-
 from aiohttp import web
 
 from tinyserve import protocol
@@ -18,6 +15,7 @@ from tinyserve.frontend import admission
 from tinyserve.frontend.api_errors import ApiError
 from tinyserve.frontend.engine_client import EngineUnreachable
 from tinyserve.frontend.keys import CLIENT, LINK, TOKENIZER
+from tinyserve.frontend.observe import Observation, observe
 from tinyserve.frontend.replies import (
     Reply,
     ReplyContext,
@@ -38,7 +36,21 @@ async def run(
     reply: Reply,
     prompt_ids: list[int] | None = None,
 ) -> web.StreamResponse:
-    """Serve ``req`` (its prompt tokenized here unless ``prompt_ids`` are given)."""
+    """Serve ``req`` (its prompt tokenized here unless ``prompt_ids`` are given); its span
+    and its ``request finished`` log line come from ``observe``."""
+    with observe(request, req) as obs:
+        response = await _run(request, req, reply, prompt_ids, obs)
+        obs.status = response.status
+        return response
+
+
+async def _run(
+    request: web.Request,
+    req: GenerateRequest,
+    reply: Reply,
+    prompt_ids: list[int] | None,
+    obs: Observation,
+) -> web.StreamResponse:
     app = request.app
     ack = app[LINK].ack
     if ack is None:
@@ -48,29 +60,33 @@ async def run(
     else:
         check_token_ids(prompt_ids, ack.n_vocab)
     check_prompt_fits(len(prompt_ids), req.max_tokens, ack.n_ctx)
-    blocks = _admit(request, len(prompt_ids), req.max_tokens)
-    submit = _submit_message(req, prompt_ids, app[CLIENT].frontend_id)
+    obs.prompt_tokens = len(prompt_ids)
+    with obs.step(request, "admission"):
+        blocks = _admit(request, len(prompt_ids), req.max_tokens, obs)
+    submit = _submit_message(req, prompt_ids, app[CLIENT].frontend_id, obs)
     try:
-        return await _forward(request, req, submit, blocks, reply)
+        return await _forward(request, req, submit, blocks, reply, obs)
     except ApiError as exc:
         exc.request_id = submit.request_id
         raise
 
 
-def _admit(request: web.Request, prompt_tokens: int, max_tokens: int) -> int:
+def _admit(request: web.Request, prompt_tokens: int, max_tokens: int, obs: Observation) -> int:
     """Check the board; returns the request's worst-case KV blocks or raises the rejection."""
     link = request.app[LINK]
     limits, load = link.limits, link.load()
     if limits is None or load is None:
         raise engine_unavailable()
     rejection = admission.admit(prompt_tokens, max_tokens, limits, load)
+    blocks = admission.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
+    obs.admitted(limits, load, blocks, rejection)
     if rejection is not None:
         raise rejection_error(rejection)
-    return admission.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
+    return blocks
 
 
 def _submit_message(
-    req: GenerateRequest, prompt_ids: list[int], frontend_id: str
+    req: GenerateRequest, prompt_ids: list[int], frontend_id: str, obs: Observation
 ) -> protocol.Submit:
     sampling = protocol.SamplingParams(
         temperature=req.temperature,
@@ -84,15 +100,17 @@ def _submit_message(
         logprobs=req.logprobs,
     )
     return protocol.Submit(
-        request_id=uuid.uuid4().hex,
+        request_id=obs.request_id,
         frontend_id=frontend_id,
         prompt_ids=prompt_ids,
         sampling=sampling,
         max_tokens=req.max_tokens,
         priority=req.priority,
         tenant=req.tenant,
-        arrival_ns=time.monotonic_ns(),
+        arrival_ns=obs.arrival_ns,
+        trace_context=obs.trace_context,
         want_timeline=req.timeline,
+        admission=obs.admission,
     )
 
 
@@ -102,6 +120,7 @@ async def _forward(
     submit: protocol.Submit,
     blocks: int,
     reply: Reply,
+    obs: Observation,
 ) -> web.StreamResponse:
     """Send the request, reply from its stream, and make sure it does not outlive the handler."""
     client, link = request.app[CLIENT], request.app[LINK]
@@ -109,6 +128,7 @@ async def _forward(
         stream = client.submit(submit, blocks)
     except EngineUnreachable as exc:
         raise engine_unavailable() from exc
+    obs.stream = stream
     link.publish()
     try:
         early = await stream.acknowledged()
@@ -118,7 +138,8 @@ async def _forward(
         ctx = ReplyContext(
             submit.request_id, len(submit.prompt_ids), req.timeline, link.load, req.stream
         )
-        return await reply(request, stream, ctx)
+        with obs.step(request, "streaming"):
+            return await reply(request, stream, ctx)
     finally:
         # Client gone (handler cancelled) or a failure of ours: the engine must not keep
         # generating for nobody. cancel() never waits, so this cannot hang a cancelled task.

@@ -110,6 +110,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_level", str, "info", "logging level", _ALL, ("debug", "info", "warning", "error")),
     Option("log_format", str, "text", "log line format", _ALL, ("text", "json")),
     Option("drain_timeout", _nnfloat, 30.0, "seconds to finish in-flight work on SIGTERM", _ALL),
+    Option("trace_exporter", str, "none", "span exporter", _ALL, ("none", "console", "otlp")),
     # engine
     Option("slots", _pint, 8, "concurrent sequences decoded together", _ENG),
     Option("ctx", _pint, 4096, "context size in tokens (KV cells shared by all sequences)", _ENG),
@@ -126,6 +127,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("queue_timeout", _nnfloat, 0.0, "seconds a request may wait for a slot (0: none)", _ENG),
     Option("request_timeout", _nnfloat, 0.0, "seconds a request may run in all (0: none)", _ENG),
+    Option("timeline_keep", _nnint, 1000, "finished requests whose timeline is kept", _ENG),
     # frontend
     Option("host", str, "127.0.0.1", "address to listen on", _FE),
     Option("port", _nnint, 8000, "TCP port (shared by all frontends with SO_REUSEPORT)", _FE),
@@ -168,6 +170,8 @@ class Config:
     cache_seqs: int
     tenant_weights: str
     drain_timeout: float
+    trace_exporter: str
+    timeline_keep: int
 
     @property
     def engine_in(self) -> str:

@@ -1,7 +1,8 @@
 """Every message that crosses a process boundary, and its msgpack encoding.
 
-Frontend -> engine (PUSH/PULL): ``Hello``, ``Submit``, ``Cancel``.
-Engine -> frontend (PUB/SUB, topic = frontend id): ``HelloAck``, ``TickOutput``.
+Frontend -> engine (PUSH/PULL): ``Hello``, ``Submit``, ``Cancel``, ``TimelineQuery``.
+Engine -> frontend (PUB/SUB, topic = frontend id): ``HelloAck``, ``TickOutput``,
+``TimelineReply``.
 
 A frame is ``msgpack([PROTOCOL_VERSION, tag, *fields])``; nested messages are lists of their
 fields in declaration order. A frame with another version or an unknown tag raises
@@ -67,10 +68,12 @@ class Message:
     @classmethod
     def from_wire(cls: type[M], items: list[Any]) -> M:
         names = [f.name for f in dataclasses.fields(cls)]
-        if not isinstance(items, list) or len(items) != len(names):
+        # Fewer items than fields is fine when the missing ones have defaults: a field added
+        # at the end with a default keeps frames of a sender without it decodable.
+        if not isinstance(items, list) or len(items) > len(names):
             raise ProtocolError(f"{cls.__name__}: expected {len(names)} fields")
         values = {}
-        for name, raw in zip(names, items, strict=True):
+        for name, raw in zip(names, items, strict=False):
             nested = cls.NESTED.get(name)
             if nested is None:
                 values[name] = raw
@@ -135,6 +138,8 @@ class Submit(Message):
     arrival_ns: int = 0  # time.monotonic_ns() at the frontend (CLOCK_MONOTONIC is host-wide)
     trace_context: dict[str, str] = field(default_factory=dict)
     want_timeline: bool = False
+    # The frontend's admission decision and the board figures it was based on (timeline).
+    admission: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +150,17 @@ class Cancel(Message):
     request_id: str
     frontend_id: str
     reason: str = FINISH_CANCELLED
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineQuery(Message):
+    """A frontend asking for a recent request's timeline (``GET /v1/requests/{id}``); the
+    engine answers with a ``TimelineReply`` on the frontend's topic."""
+
+    TAG: ClassVar[int] = 4
+    frontend_id: str
+    query_id: int
+    request_id: str
 
 
 # -- engine -> frontend -------------------------------------------------------------------
@@ -228,8 +244,20 @@ class TickOutput(Message):
     stats: EngineStats
 
 
+@dataclass(frozen=True, slots=True)
+class TimelineReply(Message):
+    """The answer to a ``TimelineQuery``: the timeline, or None when the engine does not
+    know the id (never seen, or older than the recent requests it keeps)."""
+
+    TAG: ClassVar[int] = 13
+    frontend_id: str
+    query_id: int
+    timeline: dict[str, Any] | None
+
+
 _BY_TAG: dict[int, type[Message]] = {
-    cls.TAG: cls for cls in (Hello, Submit, Cancel, HelloAck, TickOutput)
+    cls.TAG: cls
+    for cls in (Hello, Submit, Cancel, TimelineQuery, HelloAck, TickOutput, TimelineReply)
 }
 
 

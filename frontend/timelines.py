@@ -1,0 +1,70 @@
+"""``GET /v1/requests/{request_id}``: the timeline of a recent request, from the engine.
+
+Timelines live in the engine (the last ``--timeline-keep`` finished requests, and every
+request still in flight), so any frontend answers for any request, whichever frontend served
+it: behind nginx the GET lands on a random one. An OpenAI reply's id (``cmpl-``/``chatcmpl-``
+and the request id) works as well. The frontend asks with a ``TimelineQuery`` and
+waits at most ``QUERY_TIMEOUT_S`` for the ``TimelineReply``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from tinyserve.frontend.api_errors import ApiError
+from tinyserve.frontend.engine_client import EngineUnreachable
+from tinyserve.frontend.keys import CLIENT, LINK
+from tinyserve.frontend.openai_replies import CHAT, COMPLETIONS
+from tinyserve.frontend.replies import dumps, engine_unavailable
+
+QUERY_TIMEOUT_S = 1.0
+NOT_FOUND = "not_found"
+ROUTE = "/v1/requests/{request_id}"
+
+# OpenAPI schema of the reply; docs/observability.md describes every field.
+_MS = {"type": ["number", "null"], "description": "ms since arrival at the frontend"}
+TIMELINE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "what happened to one request and when (docs/observability.md, Timeline)",
+    "properties": {
+        "request_id": {"type": "string"},
+        "status": {"type": "string", "enum": ["waiting", "running", "finished"]},
+        "tenant": {"type": "string"},
+        "priority": {"type": "integer"},
+        "prompt_tokens": {"type": "integer"},
+        "admission": {"type": "object"},
+        "accepted": {"type": ["object", "null"]},
+        "queue": {"type": ["object", "null"]},
+        "slot": {"type": ["object", "null"]},
+        "prefix_reused_tokens": {"type": "integer"},
+        "prefill": {"type": "array", "items": {"type": "object"}},
+        "first_token_ms": _MS,
+        "decode": {"type": "object"},
+        "finish": {"type": ["object", "null"]},
+    },
+    "required": ["request_id", "status"],
+}
+
+
+async def request_timeline(request: web.Request) -> web.Response:
+    """The timeline of a request still in flight or among the engine's recent ones."""
+    request_id = request.match_info["request_id"]
+    # An OpenAI reply's id is the request id with its surface's prefix.
+    for surface in (CHAT, COMPLETIONS):
+        request_id = request_id.removeprefix(surface.id_prefix)
+    if request.app[LINK].ack is None:
+        raise engine_unavailable()
+    try:
+        timeline = await request.app[CLIENT].timeline(request_id, QUERY_TIMEOUT_S)
+    except (EngineUnreachable, TimeoutError) as exc:
+        raise engine_unavailable("the engine did not answer the timeline query") from exc
+    if timeline is None:
+        raise ApiError(404, NOT_FOUND, f"no recent request with id {request_id!r}")
+    return web.json_response(timeline, dumps=dumps)
+
+
+def add_timeline_route(app: web.Application) -> None:
+    """Register ``GET /v1/requests/{request_id}`` on ``app``."""
+    app.router.add_get(ROUTE, request_timeline)

@@ -1,0 +1,144 @@
+"""Per-request timelines recorded by the core (real model, no sockets) and policy rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tinyserve import protocol as p
+from tinyserve.engine.core import EngineCore
+from tinyserve.engine.runtime import LlamaRuntime
+
+from .conftest import core_config
+from .test_core import FRONTEND, Driver
+
+PROMPT = list(range(100, 140))  # 40 tokens: chunks of 32 and 8 with --chunk 32
+ROUNDING_MS = 0.01  # every figure is rounded to the microsecond
+
+
+def make(runtime: LlamaRuntime, **overrides: Any) -> Driver:
+    return Driver(EngineCore(core_config(**overrides), runtime))
+
+
+def timeline(driver: Driver, rid: str) -> dict[str, Any]:
+    final = driver.final(rid)
+    assert final.timeline is not None
+    return final.timeline
+
+
+def submit(driver: Driver, rid: str, max_tokens: int = 6, **fields: Any) -> str:
+    import time
+
+    driver.core.submit(
+        p.Submit(
+            rid,
+            FRONTEND,
+            PROMPT,
+            p.SamplingParams(ignore_eos=True),
+            max_tokens,
+            arrival_ns=time.monotonic_ns(),
+            **fields,
+        )
+    )
+    return rid
+
+
+def test_request_that_waited_explains_its_wait_chunks_and_decode(runtime: LlamaRuntime) -> None:
+    driver = make(runtime, slots=1, policy="fifo", prefix_cache=False)
+    first = submit(driver, "first", max_tokens=5)
+    second = submit(driver, "second", max_tokens=7, admission={"decision": "admitted"})
+    driver.run()
+    t = timeline(driver, second)
+    assert t["status"] == "finished" and t["request_id"] == second
+    assert t["admission"] == {"decision": "admitted"}
+    assert t["queue"]["policy"] == "fifo" and t["queue"]["rule"] == "arrival"
+    assert t["queue"]["ahead"] == 1  # "first" took the only slot before it
+    assert (t["accepted"]["running"], t["accepted"]["waiting"]) == (0, 1)  # "first" waited
+    first_end = timeline(driver, first)["finish"]
+    assert t["slot"]["tick"] == first_end["tick"] + 1  # the slot freed by "first", next tick
+    assert [c["tokens"] for c in t["prefill"]] == [32, 8]
+    assert [c["tick"] for c in t["prefill"]] == [t["slot"]["tick"], t["slot"]["tick"] + 1]
+    assert t["finish"]["reason"] == p.FINISH_LENGTH
+    assert t["finish"]["generated_tokens"] == 7
+    # The first token comes from the last prefill chunk; each later one is a decode tick.
+    assert t["decode"]["ticks"] == 6
+    assert t["decode"]["runs"] == [[t["prefill"][-1]["tick"] + 1, 6, 1, t["decode"]["ms"]]]
+    # The steps add up: every interval runs from the end of the previous step.
+    assert t["accepted"]["ms"] + t["queue"]["wait_ms"] == pytest.approx(
+        t["slot"]["ms"], abs=ROUNDING_MS
+    )
+    prefill_ms = sum(c["ms"] for c in t["prefill"])
+    assert t["slot"]["ms"] + prefill_ms == pytest.approx(t["first_token_ms"], abs=ROUNDING_MS)
+    assert t["prefill"][-1]["end_ms"] == t["first_token_ms"]
+    longest_tick = max(c["ms"] for c in t["prefill"])
+    end_of_decode = t["first_token_ms"] + t["decode"]["ms"]
+    assert 0 <= t["finish"]["ms"] - end_of_decode < longest_tick
+    # The first request never waited and had nobody admitted ahead of it.
+    assert timeline(driver, first)["queue"]["ahead"] == 0
+
+
+def test_decode_ticks_are_compacted_by_batch_size(runtime: LlamaRuntime) -> None:
+    driver = make(runtime, prefix_cache=False)
+    short = submit(driver, "short", max_tokens=3)
+    long = submit(driver, "long", max_tokens=9)
+    driver.run()
+    runs = timeline(driver, long)["decode"]["runs"]
+    assert [run[2] for run in runs] == [2, 1]  # with "short", then alone
+    assert sum(run[1] for run in runs) == 8
+    assert runs[1][0] == runs[0][0] + runs[0][1]  # consecutive ticks
+    assert timeline(driver, short)["decode"]["runs"][0][2] == 2
+
+
+def test_priority_rule_is_in_the_slot_event_and_the_timeline(runtime: LlamaRuntime) -> None:
+    driver = make(runtime, slots=1, policy="priority")
+    submit(driver, "running", max_tokens=3)
+    driver.step()  # "running" holds the slot
+    low = submit(driver, "low", max_tokens=2, priority=-2)
+    high = submit(driver, "high", max_tokens=2, priority=5)
+    driver.run()
+    assert timeline(driver, high)["queue"]["rule"] == "priority=5"
+    assert timeline(driver, high)["queue"]["ahead"] == 0
+    assert timeline(driver, low)["queue"]["rule"] == "priority=-2"
+    assert timeline(driver, low)["queue"]["ahead"] == 1  # "high" went first
+    slot_events = [e for u in driver.updates[high] for e in u.events if e.kind == p.EVENT_SLOT]
+    assert [e.detail for e in slot_events] == ["priority=5"]
+
+
+def test_wfq_rule_names_the_tenant_and_its_virtual_time(runtime: LlamaRuntime) -> None:
+    driver = make(runtime, slots=1, policy="wfq")
+    rid = submit(driver, "a1", max_tokens=2, tenant="team-a")
+    driver.run()
+    rule = timeline(driver, rid)["queue"]["rule"]
+    assert rule.startswith("tenant=team-a vtime=") and rule.endswith("weight=1")
+    slot_event = next(e for u in driver.updates[rid] for e in u.events if e.kind == p.EVENT_SLOT)
+    assert slot_event.detail == "tenant=team-a"  # the bounded first word only
+
+
+def test_prefix_reuse_and_rejection_are_recorded(runtime: LlamaRuntime) -> None:
+    driver = make(runtime)
+    submit(driver, "warm", max_tokens=2)
+    driver.run()
+    reuse = submit(driver, "reuse", max_tokens=2)
+    driver.run()
+    assert timeline(driver, reuse)["prefix_reused_tokens"] == 32  # two full 16-token blocks
+    assert sum(c["tokens"] for c in timeline(driver, reuse)["prefill"]) == 8
+    driver.core.submit(p.Submit("huge", FRONTEND, [1] * 2000, p.SamplingParams(), 8, arrival_ns=1))
+    driver.step()
+    rejected = timeline(driver, "huge")
+    assert rejected["finish"]["reason"] == p.FINISH_REJECTED
+    assert rejected["finish"]["detail"] == p.REJECT_TOO_LONG
+    assert rejected["accepted"] is None and rejected["queue"] is None
+
+
+def test_recent_timelines_are_bounded_and_live_ones_answer(runtime: LlamaRuntime) -> None:
+    driver = make(runtime, timeline_keep=2, slots=1)
+    for rid in ("t1", "t2", "t3"):
+        submit(driver, rid, max_tokens=2)
+    driver.step()
+    assert driver.core.timeline_of("t1")["status"] == "running"  # type: ignore[index]
+    assert driver.core.timeline_of("t3")["status"] == "waiting"  # type: ignore[index]
+    driver.run()
+    assert driver.core.timeline_of("t1") is None  # the oldest was dropped
+    assert driver.core.timeline_of("t3") == timeline(driver, "t3")
+    assert driver.core.timeline_of("never-seen") is None
