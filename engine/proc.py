@@ -14,8 +14,10 @@ from types import FrameType
 
 import zmq
 
+from tinyserve import metrics
 from tinyserve.config import Config, notify_socket, watchdog_interval_s
 from tinyserve.engine.core import EngineCore
+from tinyserve.engine.meters import EngineMeter
 from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
 from tinyserve.engine.spans import SpanRecorder
 from tinyserve.errors import TinyServeError
@@ -90,6 +92,8 @@ class EngineProcess:
         self.runtime = LlamaRuntime(RuntimeSpec.from_config(config))
         spans = SpanRecorder(self.tracing) if self.tracing.tracer else None
         self.core = EngineCore(config, self.runtime, spans=spans)
+        process_metrics = metrics.setup(config.runtime_dir, metrics.ENGINE)
+        self.meter = EngineMeter(process_metrics, config.policy, config.tenant_weight_map)
         self.board = Board.create(config.board_path)
         self.board.set_identity(os.getpid(), self.started_ns)
         self.heartbeat = HeartbeatThread(self.board)
@@ -150,11 +154,13 @@ class EngineProcess:
         while not self._finished():
             self._receive(block=not self.core.has_work())
             self._housekeeping()
+            step_ns = time.monotonic_ns()
             outputs = self.core.step() if self.core.has_work() or self.core.outbox else []
             # Board first: a frontend that sees a request's output also sees the capacity and
             # counts of the tick that produced it.
             self._publish_board(STATE_DRAINING if self.core.draining else STATE_READY)
             self._publish(outputs)
+            self.meter.after_pass(self.core, outputs, step_ns)  # gauges too, when idle
             self.heartbeat.progress_ns = time.monotonic_ns()
         for request_id in list(self.core.by_id):
             self.core.cancel(request_id, FINISH_ERROR)
@@ -181,6 +187,7 @@ class EngineProcess:
     def _handle(self, message: Message) -> None:
         if isinstance(message, Submit):
             self.core.submit(message)
+            self.meter.submitted(message)
         elif isinstance(message, Cancel):
             self.core.cancel(message.request_id, message.reason)
         elif isinstance(message, Hello):
@@ -238,9 +245,11 @@ class EngineProcess:
         for slot in self.board.frontend_slots():
             if not pid_alive(slot.pid):
                 self.board.release_slot(slot.index, slot.pid)
+                self.meter.metrics.forget_process(slot.pid)
         for frontend_id, pid in list(self.frontends.items()):
             if not pid_alive(pid):
                 del self.frontends[frontend_id]
+                self.meter.metrics.forget_process(pid)
                 cancelled = self.core.cancel_frontend(frontend_id)
                 log.warning(
                     "frontend gone", extra=fields(frontend=frontend_id, cancelled=cancelled)
@@ -282,6 +291,7 @@ def run(config: Config) -> int:
     setup_logging(config, "engine")
     try:
         prepare_runtime_dir(config.runtime_dir)
+        metrics.setup(config.runtime_dir, metrics.ENGINE)  # before any metric value exists
         _refuse_if_engine_running(config.board_path)
         engine = EngineProcess(config)
     except TinyServeError as exc:
@@ -294,5 +304,6 @@ def run(config: Config) -> int:
         engine.serve()
     finally:
         engine.close()
+        engine.meter.metrics.forget_process(os.getpid())  # no engine: no engine gauges
     log.info("engine stopped")
     return 0

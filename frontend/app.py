@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tinyserve import metrics
 from tinyserve.config import Config
 from tinyserve.frontend.api_errors import error_middleware
 from tinyserve.frontend.chat_template import ChatTemplate
@@ -24,6 +25,7 @@ from tinyserve.frontend.engine_client import EngineClient
 from tinyserve.frontend.engine_link import EngineLink
 from tinyserve.frontend.handlers import add_routes
 from tinyserve.frontend.keys import CHAT_TEMPLATE, CLIENT, CONFIG, LINK, TOKENIZER, TRACING
+from tinyserve.frontend.meters import METRICS, LinkMeter
 from tinyserve.frontend.tokenizer import Tokenizer
 from tinyserve.logs import fields
 from tinyserve.tracing import Tracing
@@ -38,6 +40,7 @@ def build_app(config: Config, tracing: Tracing | None = None) -> web.Application
     app[CONFIG] = config
     app[TRACING] = tracing or Tracing()  # the caller owns it (and flushes it at exit)
     app[DRAIN] = Drain()
+    app[METRICS] = metrics.setup(config.runtime_dir, metrics.FRONTEND)  # one per process
     app.cleanup_ctx.append(_tokenizer_ctx)
     app.cleanup_ctx.append(_engine_ctx)
     app.on_response_prepare.append(_stamp_frontend)
@@ -60,7 +63,7 @@ async def _tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     client = EngineClient(app[CONFIG])
-    link = EngineLink(app[CONFIG], client)
+    link = EngineLink(app[CONFIG], client, LinkMeter(app[METRICS]))
     app[CLIENT], app[LINK] = client, link
     log.info("frontend id", extra=fields(frontend_id=client.frontend_id))
     tasks = [_task(client.listen(), "engine-listener"), _task(link.run(), "engine-link")]

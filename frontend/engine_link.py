@@ -24,6 +24,7 @@ from tinyserve.frontend import board_view
 from tinyserve.frontend.admission import Limits, Load
 from tinyserve.frontend.board_view import Board, BoardError, EngineView
 from tinyserve.frontend.engine_client import EngineClient
+from tinyserve.frontend.meters import LinkMeter
 from tinyserve.logs import fields
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,11 @@ ENGINE_UNAVAILABLE = "engine unavailable"
 class EngineLink:
     """Tracks whether an engine is serving this frontend, and which one."""
 
-    def __init__(self, config: Config, client: EngineClient) -> None:
+    def __init__(
+        self, config: Config, client: EngineClient, meter: LinkMeter | None = None
+    ) -> None:
         self._config = config
+        self._meter = meter
         self._client = client
         client.on_pending_change = self.publish
         self._board: Board | None = None
@@ -174,6 +178,8 @@ class EngineLink:
             reason = self._down_reason(self.ack.engine_started_ns)
             if reason is not None:
                 return reason
+            if self._meter is not None:
+                self._meter.serving(self._client.in_flight)
             await asyncio.sleep(TICK_S)
 
     def _down_reason(self, started_ns: int) -> str | None:
@@ -191,6 +197,8 @@ class EngineLink:
         """Stop serving: every request in flight on the lost engine ends now."""
         was_serving = self.serving.is_set()
         self.serving.clear()
+        if self._meter is not None:
+            self._meter.lost(self.ack.engine_pid if self.ack else None)
         self.ack = None
         if was_serving:
             level = logging.INFO if expected else logging.ERROR

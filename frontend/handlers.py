@@ -1,6 +1,6 @@
 """HTTP routes: ``POST /generate``, ``GET /health``, ``GET /ready``; ``add_routes`` also
 registers the OpenAI-compatible routes (``openai_api``), ``GET /openapi.json`` and
-``GET /v1/requests/{id}`` (``timelines``).
+``GET /metrics`` (``meters``) and ``GET /v1/requests/{id}`` (``timelines``).
 
 ``/generate`` parses its body and runs the shared pipeline (``pipeline.run``: tokenize ->
 admit -> submit -> wait for the engine's first word -> reply) with the native reply format.
@@ -12,6 +12,7 @@ from aiohttp import web
 
 from tinyserve.frontend import admission, pipeline
 from tinyserve.frontend.keys import CONFIG, LINK
+from tinyserve.frontend.meters import add_metrics_route
 from tinyserve.frontend.openai_api import add_openai_routes
 from tinyserve.frontend.openapi import add_openapi_route
 from tinyserve.frontend.replies import engine_unavailable, native_reply, rejection_error
@@ -49,3 +50,4 @@ def add_routes(app: web.Application) -> None:
     add_openai_routes(app)
     add_openapi_route(app)
     add_timeline_route(app)
+    add_metrics_route(app)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 
 from aiohttp import web
 
+from tinyserve import metrics
 from tinyserve.config import Config, notify_socket
 from tinyserve.errors import TinyServeError
 from tinyserve.frontend.app import build_app
@@ -32,6 +34,8 @@ def run(config: Config) -> int:
     """Serve until stopped; 0 on a clean stop, 1 when start-up failed."""
     setup_logging(config, "frontend")
     try:
+        # Before any metric value exists (see metrics.setup).
+        process_metrics = metrics.setup(config.runtime_dir, metrics.FRONTEND)
         tracing = tracing_from_config(config, "frontend")
     except TinyServeError as exc:
         log.error("frontend failed to start: %s", exc)
@@ -40,6 +44,7 @@ def run(config: Config) -> int:
         return asyncio.run(_serve(config, tracing))
     finally:
         tracing.shutdown()  # exports the spans still buffered
+        process_metrics.forget_process(os.getpid())  # our gauges go; our counters stay
 
 
 async def _serve(config: Config, tracing: Tracing) -> int:

@@ -32,6 +32,7 @@ class Operation:
     events: str | None = None  # component schema of one SSE event, when it can stream
     errors: tuple[int, ...] = ()
     error_schema: str = "Error"
+    media: str = "application/json"  # of the 200 body
 
 
 _GENERATION_ERRORS = (400, 404, 500, 503)
@@ -50,7 +51,15 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/openapi.json", "This document", "OpenAPIDocument"),
     Operation("get", "/v1/requests/{request_id}", "Timeline of a recent request",
               "RequestTimeline", errors=(404, 503), error_schema="OpenAIError"),
+    Operation("get", "/metrics", "Prometheus metrics of the whole node (engine and every "
+              "frontend)", "MetricsText", media="text/plain"),
 )  # fmt: skip
+
+_OTHER_SCHEMAS: dict[str, Schema] = {
+    "OpenAPIDocument": {"type": "object"},
+    "RequestTimeline": TIMELINE_SCHEMA,
+    "MetricsText": {"type": "string", "description": "Prometheus text exposition format"},
+}
 
 _ERROR_TEXT = {
     400: "invalid request (type invalid_request / context_length_exceeded)",
@@ -73,13 +82,7 @@ def document() -> dict[str, Any]:
             "description": "Native /generate API and an OpenAI-compatible API; see docs/api.md.",
         },
         "paths": paths,
-        "components": {
-            "schemas": {
-                **SCHEMAS,
-                "OpenAPIDocument": {"type": "object"},
-                "RequestTimeline": TIMELINE_SCHEMA,
-            }
-        },
+        "components": {"schemas": {**SCHEMAS, **_OTHER_SCHEMAS}},
     }
 
 
@@ -94,7 +97,7 @@ def add_openapi_route(app: web.Application) -> None:
 
 
 def _operation(op: Operation) -> dict[str, Any]:
-    ok: dict[str, Schema] = {"application/json": {"schema": ref(op.ok)}}
+    ok: dict[str, Schema] = {op.media: {"schema": ref(op.ok)}}
     if op.events is not None:
         # One event's data; a stream is what 'stream': true asks for.
         ok[SSE] = {"schema": {**ref(op.events), "description": "data of one event"}}

@@ -15,6 +15,7 @@ from tinyserve.frontend import admission
 from tinyserve.frontend.api_errors import ApiError
 from tinyserve.frontend.engine_client import EngineUnreachable
 from tinyserve.frontend.keys import CLIENT, LINK, TOKENIZER
+from tinyserve.frontend.meters import METER, METRICS, count_rejection, metered
 from tinyserve.frontend.observe import Observation, observe
 from tinyserve.frontend.replies import (
     Reply,
@@ -30,6 +31,7 @@ from tinyserve.frontend.validation import (
 )
 
 
+@metered
 async def run(
     request: web.Request,
     req: GenerateRequest,
@@ -81,6 +83,7 @@ def _admit(request: web.Request, prompt_tokens: int, max_tokens: int, obs: Obser
     blocks = admission.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
     obs.admitted(limits, load, blocks, rejection)
     if rejection is not None:
+        count_rejection(request.app[METRICS], rejection.reason)
         raise rejection_error(rejection)
     return blocks
 
@@ -130,6 +133,7 @@ async def _forward(
         raise engine_unavailable() from exc
     obs.stream = stream
     link.publish()
+    stream.on_piece = request[METER].piece  # first token and gaps, as the reply takes them
     try:
         early = await stream.acknowledged()
         error = finish_error(early, link.load()) if early is not None else None
@@ -145,4 +149,5 @@ async def _forward(
         # generating for nobody. cancel() never waits, so this cannot hang a cancelled task.
         if not stream.engine_finished:
             client.cancel(submit.request_id)
+            request[METER].cancel_sent(protocol.FINISH_CANCELLED)
         client.release(submit.request_id)

@@ -12,7 +12,7 @@ import asyncio
 import codecs
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,7 @@ class RequestStream:
         self._closed = False  # a Finish is queued: later updates are ignored
         self._next_seq = 0
         self._queue: asyncio.Queue[protocol.RequestUpdate | Finish] = asyncio.Queue()
+        self.on_piece: Callable[[Piece], None] | None = None  # sees each piece as it is taken
         self._acknowledged = asyncio.Event()
         self._early_finish: Finish | None = None
         # For the request's log line and spans: when its first token arrived, how many came.
@@ -122,17 +123,22 @@ class RequestStream:
             item = await self._queue.get()
             if isinstance(item, Finish):
                 self._drop_partial_character()
-                yield Piece("", finish=item)
+                yield self._taken(Piece("", finish=item))
                 return
             finish = _finish_of(item) if item.finish_reason is not None else None
             text = self._decoder.decode(item.text)
             if finish is not None:
                 self._drop_partial_character()
-            yield Piece(
-                text, len(item.token_ids), item.events, finish, item.token_ids, item.logprobs
+            yield self._taken(
+                Piece(text, len(item.token_ids), item.events, finish, item.token_ids, item.logprobs)
             )
             if finish is not None:
                 return
+
+    def _taken(self, piece: Piece) -> Piece:
+        if self.on_piece is not None:
+            self.on_piece(piece)
+        return piece
 
     def _drop_partial_character(self) -> None:
         # Output cut mid-character (max_tokens, cancel): dropping the incomplete tail beats

@@ -21,6 +21,7 @@ from types import FrameType
 
 from tinyserve.config import ENGINE, FRONTEND, Config, notify_socket
 from tinyserve.logs import setup_logging
+from tinyserve.metrics import remove_metrics_dir
 from tinyserve.rundir import prepare_runtime_dir, remove_quietly
 from tinyserve.sdnotify import Notifier
 
@@ -177,4 +178,6 @@ def run(config: Config) -> int:
         status = 1
     finally:
         launcher.stop()
+        # The node is gone: its counters start again from zero with the next one.
+        remove_metrics_dir(config.runtime_dir)
     return status

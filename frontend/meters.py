@@ -1,0 +1,172 @@
+"""The frontend's Prometheus figures and ``GET /metrics``.
+
+- ``RequestMeter``: one per generation request (``metered`` wraps the pipeline and records how
+  it ended), fed every piece of output as the reply takes it (first token, gaps between
+  tokens) and the cancels the pipeline sends.
+- ``LinkMeter``: engine up/down as this frontend sees the board heartbeat, its open streams,
+  and marking a lost engine's process dead so its gauges stop showing.
+- ``GET /metrics``: every process's metrics of this node, merged (text exposition format).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Concatenate, ParamSpec
+
+from aiohttp import web
+
+from tinyserve import protocol
+from tinyserve.frontend.api_errors import ApiError
+from tinyserve.frontend.streams import Finish, Piece
+from tinyserve.metrics import CONTENT_TYPE, Metrics
+from tinyserve.procs import pid_alive
+
+METRICS = web.AppKey("metrics", Metrics)
+
+CLIENT_GONE = 499  # nginx's status for a client that closed before the reply was sent
+STAGE = "frontend"
+CANCEL_CLIENT = "client_disconnect"  # the client went away before the end
+CANCEL_ABORT = "frontend_abort"  # the frontend ended it (drain timeout, lost output)
+
+
+class RequestMeter:
+    """Latencies and the outcome of one request; ``end`` records them once."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+        self._started_ns = time.monotonic_ns()
+        self._last_ns = 0  # when the latest token was taken; 0 before the first
+        self._tokens = 0
+        self._finish: Finish | None = None
+        self._cancel_reason = ""
+        self._ended = False
+
+    def piece(self, piece: Piece) -> None:
+        """A piece of output, as the reply takes it to write it out."""
+        now = time.monotonic_ns()
+        if piece.tokens:
+            if self._last_ns == 0:
+                ttft = self._m.histogram("tinyserve_time_to_first_token_seconds")
+                ttft.observe((now - self._started_ns) / 1e9)
+            else:
+                # A slow reader gets several tokens in one piece: share the gap among them.
+                gap = (now - self._last_ns) / 1e9 / piece.tokens
+                itl = self._m.histogram("tinyserve_inter_token_latency_seconds")
+                for _ in range(piece.tokens):
+                    itl.observe(gap)
+            self._last_ns = now
+            self._tokens += piece.tokens
+        if piece.finish is not None:
+            self._finish = piece.finish
+
+    def cancel_sent(self, reason: str) -> None:
+        """The frontend asked the engine to stop this request (finish reason ``reason``)."""
+        self._cancel_reason = reason
+        if reason != protocol.FINISH_CANCELLED:
+            label = reason  # the frontend's own cause (a client that stopped reading)
+        elif self._finish is None:
+            label = CANCEL_CLIENT
+        elif self._finish.engine_down:
+            return  # nothing to stop: the engine went away
+        else:
+            label = CANCEL_ABORT
+        self._m.counter("tinyserve_cancellations_total").labels(label).inc()
+
+    def end(self, code: int | None) -> None:
+        """The request is over: ``code`` is the HTTP status sent, None when none was."""
+        if self._ended:
+            return
+        self._ended = True
+        finish = self._finish
+        status = str(code if code is not None else CLIENT_GONE)
+        if finish is None:
+            reason = self._cancel_reason or _reason_without_finish(code)
+            self._m.counter("tinyserve_requests_total").labels(reason, status).inc()
+            return
+        self._m.counter("tinyserve_requests_total").labels(finish.reason, status).inc()
+        now = time.monotonic_ns()
+        self._m.histogram("tinyserve_request_duration_seconds").observe(
+            (now - self._started_ns) / 1e9
+        )
+        if finish.prompt_tokens:  # an end the engine reported (not one made up here)
+            self._m.histogram("tinyserve_request_prompt_tokens").observe(finish.prompt_tokens)
+            self._m.histogram("tinyserve_request_generation_tokens").observe(self._tokens)
+
+
+def _reason_without_finish(code: int | None) -> str:
+    """The outcome of a request that ended before the engine accepted it."""
+    if code is None:
+        return protocol.FINISH_CANCELLED  # the client went away
+    if code < 500 or code == 503:
+        return protocol.FINISH_REJECTED  # bad input, admission, engine rejection, no engine
+    return protocol.FINISH_ERROR
+
+
+METER = web.RequestKey("request_meter", RequestMeter)
+P = ParamSpec("P")
+Serve = Callable[Concatenate[web.Request, P], Awaitable[web.StreamResponse]]
+
+
+def metered(serve: Serve[P]) -> Serve[P]:
+    """Give each call of ``serve`` a ``RequestMeter`` (``request[METER]``) and record how the
+    request ended: the status of the reply, of the error raised, or none (cancelled)."""
+
+    async def serve_metered(
+        request: web.Request, /, *args: P.args, **kwargs: P.kwargs
+    ) -> web.StreamResponse:
+        meter = request[METER] = RequestMeter(request.app[METRICS])
+        try:
+            response = await serve(request, *args, **kwargs)
+        except ApiError as exc:
+            meter.end(exc.status)
+            raise
+        except asyncio.CancelledError:
+            meter.end(None)
+            raise
+        except Exception:
+            meter.end(500)  # the error middleware answers a bug of ours with a 500
+            raise
+        meter.end(response.status)
+        return response
+
+    return serve_metered
+
+
+def count_rejection(metrics: Metrics, reason: str) -> None:
+    """A request the frontend's board check turned away."""
+    metrics.counter("tinyserve_admission_rejections_total").labels(STAGE, reason).inc()
+
+
+class LinkMeter:
+    """What the engine link reports: engine up (this process's view) and open streams."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+        self._up = metrics.gauge("tinyserve_engine_up")
+        self._in_flight = metrics.gauge("tinyserve_frontend_requests_in_flight")
+        self._up.set(0)
+        self._in_flight.set(0)
+
+    def serving(self, in_flight: int) -> None:
+        self._up.set(1)
+        self._in_flight.set(in_flight)
+
+    def lost(self, engine_pid: int | None) -> None:
+        """The engine is down for us; a dead engine's live gauges go (counters stay)."""
+        self._up.set(0)
+        self._in_flight.set(0)
+        if engine_pid and not pid_alive(engine_pid):
+            self._m.forget_process(engine_pid)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    """The node's metrics: engine and every frontend, merged from their files."""
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def add_metrics_route(app: web.Application) -> None:
+    """Register ``GET /metrics`` on ``app``."""
+    app.router.add_get("/metrics", metrics_handler)

@@ -1,0 +1,238 @@
+"""Prometheus metrics of the whole node: every metric defined once, and the multiprocess plumbing.
+
+Each process (the engine, every frontend) writes its values to files of its own under
+``<runtime_dir>/metrics`` (prometheus-client's multiprocess mode); ``GET /metrics`` on any
+frontend merges every process's files, so each frontend returns the node-wide view.
+
+- Counters and histograms of a process that died keep counting toward the totals: its files
+  stay and are merged (that is how multiprocess mode keeps totals monotonic). They are
+  removed with the metrics directory: by ``tinyserve serve`` when the node stops, by systemd
+  when the runtime directory goes.
+- Gauges use ``live*`` modes, whose files are deleted when their process is marked dead
+  (``forget_process``): the engine marks frontends it reaps, a frontend marks an engine it lost,
+  and every process marks the dead pids it finds at start-up (an earlier run's leftovers).
+- Engine gauges are ``livemostrecent`` (one live engine: its latest value); frontend gauges
+  are ``liveall`` (one series per frontend, ``pid`` label) or ``livesum`` (node total).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from tinyserve.procs import pid_alive
+from tinyserve.rundir import prepare_runtime_dir
+
+METRICS_SUBDIR = "metrics"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # what prometheus-client reads
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Seconds, 1 ms .. 60 s in 1-2.5-5 steps: a decode step (ms) up to a long queue wait (a minute).
+SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
+# Token counts in powers of two: a request's prompt or output, a tick's batch (--ctx bounds all).
+TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# Requests in one batch: one per slot (--slots, 8 by default).
+BATCH = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+ENGINE = "engine"
+FRONTEND = "frontend"
+BOTH = "engine, frontend"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One metric: its exposed family name, what it means, and which process writes it."""
+
+    name: str
+    kind: str  # counter | gauge | histogram
+    help: str
+    writer: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    mode: str = ""  # gauges: prometheus-client multiprocess_mode
+
+
+def _counter(name: str, help_: str, writer: str, *labels: str) -> Spec:
+    return Spec(name, "counter", help_, writer, labels)
+
+
+def _gauge(name: str, help_: str, writer: str, mode: str, *labels: str) -> Spec:
+    return Spec(name, "gauge", help_, writer, labels, mode=mode)
+
+
+def _histogram(name: str, help_: str, writer: str, buckets: tuple[float, ...]) -> Spec:
+    return Spec(name, "histogram", help_, writer, buckets=buckets)
+
+
+_ENGINE_GAUGE = "livemostrecent"
+SPECS: tuple[Spec, ...] = (
+    # -- requests (frontend: every request that passed input validation)
+    _counter("tinyserve_requests_total", "Requests by how they ended: finish_reason and the "
+             "HTTP status sent (499: client gone before any)", FRONTEND, "finish_reason", "code"),
+    _counter("tinyserve_admission_rejections_total", "Requests turned away at admission, by "
+             "stage (frontend board check, engine) and reason", BOTH, "stage", "reason"),
+    _counter("tinyserve_cancellations_total", "Requests stopped before their end, by reason",
+             BOTH, "reason"),
+    _histogram("tinyserve_time_to_first_token_seconds", "Request arrival at the frontend to "
+               "its first token there", FRONTEND, SECONDS),
+    _histogram("tinyserve_inter_token_latency_seconds", "Gap between consecutive tokens of a "
+               "request at the frontend", FRONTEND, SECONDS),
+    _histogram("tinyserve_request_duration_seconds", "Request arrival to its reply's end",
+               FRONTEND, SECONDS),
+    _histogram("tinyserve_request_prompt_tokens", "Prompt tokens per finished request",
+               FRONTEND, TOKENS),
+    _histogram("tinyserve_request_generation_tokens", "Generated tokens per finished request",
+               FRONTEND, TOKENS),
+    _gauge("tinyserve_engine_up", "1 while this frontend sees a live engine heartbeat",
+           FRONTEND, "liveall"),
+    _gauge("tinyserve_frontend_requests_in_flight", "Requests with an open stream, all "
+           "frontends", FRONTEND, "livesum"),
+    # -- engine: queue, slots, KV
+    _gauge("tinyserve_requests_waiting", "Accepted requests waiting for a slot", ENGINE,
+           _ENGINE_GAUGE),
+    _gauge("tinyserve_requests_running", "Requests holding a slot", ENGINE, _ENGINE_GAUGE),
+    _gauge("tinyserve_slots", "Slots (sequences decoded together)", ENGINE, _ENGINE_GAUGE),
+    _gauge("tinyserve_kv_blocks_capacity", "KV blocks in all", ENGINE, _ENGINE_GAUGE),
+    _gauge("tinyserve_kv_blocks_used", "KV blocks reserved by requests", ENGINE, _ENGINE_GAUGE),
+    _gauge("tinyserve_kv_blocks_cached", "Unreferenced KV blocks the prefix cache holds "
+           "(evictable)", ENGINE, _ENGINE_GAUGE),
+    _histogram("tinyserve_queue_wait_seconds", "Request sent by the frontend to slot granted",
+               ENGINE, SECONDS),
+    _counter("tinyserve_scheduler_decisions_total", "Slots granted, by policy and the policy's "
+             "rule", ENGINE, "policy", "rule"),
+    # -- engine: tokens, batches
+    _counter("tinyserve_prompt_tokens_total", "Prompt tokens of requests the engine finished",
+             ENGINE),
+    _counter("tinyserve_cached_prompt_tokens_total", "Prompt tokens served from the prefix "
+             "cache", ENGINE),
+    _counter("tinyserve_generation_tokens_total", "Tokens generated", ENGINE),
+    _histogram("tinyserve_batch_requests", "Requests in one tick's batch", ENGINE, BATCH),
+    _histogram("tinyserve_batch_tokens", "Tokens in one tick's batch", ENGINE, TOKENS),
+    _histogram("tinyserve_decode_step_seconds", "Duration of one llama_decode call", ENGINE,
+               SECONDS),
+    # -- engine: prefix cache
+    _counter("tinyserve_prefix_cache_lookups_total", "Prefix-cache lookups (one per accepted "
+             "request)", ENGINE),
+    _counter("tinyserve_prefix_cache_lookup_tokens_total", "Prompt tokens looked up (full "
+             "blocks before the last token)", ENGINE),
+    _counter("tinyserve_prefix_cache_hit_tokens_total", "Prompt tokens found in the cache",
+             ENGINE),
+    _counter("tinyserve_prefix_cache_misses_total", "Lookups that found less than all "
+             "blocks, by reason", ENGINE, "reason"),
+    _counter("tinyserve_prefix_cache_evicted_blocks_total", "Cached blocks evicted", ENGINE),
+)  # fmt: skip
+
+
+def _make(spec: Spec) -> Counter | Gauge | Histogram:
+    # registry=None: in multiprocess mode values live in files; render() collects from those.
+    if spec.kind == "counter":
+        return Counter(spec.name, spec.help, spec.labels, registry=None)
+    if spec.kind == "gauge":
+        return Gauge(
+            spec.name, spec.help, spec.labels, registry=None,
+            multiprocess_mode=spec.mode,  # type: ignore[arg-type]
+        )  # fmt: skip
+    return Histogram(spec.name, spec.help, spec.labels, registry=None, buckets=spec.buckets)
+
+
+class Metrics:
+    """The metrics a process of kind ``role`` writes, under ``directory``. Get it from
+    ``setup``. Only those: a metric without labels writes its zero value on creation, and a
+    frontend's zero engine gauges (or the engine's zero ``engine_up``) would show."""
+
+    def __init__(self, directory: str, role: str) -> None:
+        self.directory = directory
+        self._by_name = {spec.name: _make(spec) for spec in SPECS if role in spec.writer}
+
+    def counter(self, name: str) -> Counter:
+        metric = self._by_name[name]
+        assert isinstance(metric, Counter), name
+        return metric
+
+    def gauge(self, name: str) -> Gauge:
+        metric = self._by_name[name]
+        assert isinstance(metric, Gauge), name
+        return metric
+
+    def histogram(self, name: str) -> Histogram:
+        metric = self._by_name[name]
+        assert isinstance(metric, Histogram), name
+        return metric
+
+    def render(self) -> bytes:
+        """Every process's metrics, merged, in the text exposition format."""
+        return render(self.directory)
+
+    def forget_process(self, pid: int) -> None:
+        """``pid`` is dead: drop its live gauges (its counters keep counting toward totals)."""
+        mark_process_dead(pid, self.directory)  # type: ignore[no-untyped-call]
+
+
+# NOTE: one per process. prometheus-client keeps one file per process and metric type and
+# caches its open files; a second set of metric objects would overwrite the first one's values.
+_process_metrics: Metrics | None = None
+
+
+def setup(runtime_dir: str, role: str) -> Metrics:
+    """This process's metrics (``role``: ENGINE or FRONTEND), writing under
+    ``<runtime_dir>/metrics`` (created 0700).
+
+    Call it early in each process entry point, before any other code touches a metric. Later
+    calls return the same object, whatever ``runtime_dir`` (tests that build several apps in
+    one process share the first directory).
+    """
+    global _process_metrics
+    if _process_metrics is not None:
+        return _process_metrics
+    directory = os.path.join(runtime_dir, METRICS_SUBDIR)
+    prepare_runtime_dir(runtime_dir)
+    prepare_runtime_dir(directory)
+    # NOTE: the one environment write of the project: prometheus-client reads this variable to
+    # choose per-process files, and picks its value class when it is first imported, which in
+    # our processes happens before the runtime dir is known; so choose it again now.
+    os.environ[MULTIPROC_ENV] = directory
+    if not getattr(values.ValueClass, "_multiprocess", False):
+        values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+    forget_dead(directory)
+    # A dead process of an earlier run may have had our pid: its live gauges are not ours.
+    for path in glob.glob(os.path.join(directory, f"gauge_*_{os.getpid()}.db")):
+        os.unlink(path)
+    _process_metrics = Metrics(directory, role)
+    return _process_metrics
+
+
+def forget_dead(directory: str) -> list[int]:
+    """Mark every process with live gauge files under ``directory`` that no longer runs as
+    dead; returns their pids."""
+    dead = sorted({pid for pid in _gauge_pids(directory) if not pid_alive(pid)})
+    for pid in dead:
+        mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
+    return dead
+
+
+def _gauge_pids(directory: str) -> list[int]:
+    pids = []
+    for path in glob.glob(os.path.join(directory, "gauge_live*_*.db")):
+        stem = os.path.basename(path)[: -len(".db")]
+        pid = stem.rsplit("_", 1)[1]
+        if pid.isdigit():
+            pids.append(int(pid))
+    return pids
+
+
+def render(directory: str) -> bytes:
+    """The merged metrics of every process that wrote under ``directory``."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    return generate_latest(registry)
+
+
+def remove_metrics_dir(runtime_dir: str) -> None:
+    """Remove a stopped node's metrics files (counters restart from zero with the node)."""
+    shutil.rmtree(os.path.join(runtime_dir, METRICS_SUBDIR), ignore_errors=True)
