@@ -26,6 +26,9 @@ SAMPLES: list[p.Message] = [
         want_timeline=True,
     ),
     p.Cancel("r1", "f" * 32, p.FINISH_CANCELLED),
+    p.TimelineQuery("f" * 32, 7, "r1"),
+    p.TimelineReply("f" * 32, 7, {"request_id": "r1", "prefill": [{"tick": 3, "tokens": 16}]}),
+    p.TimelineReply("f" * 32, 8, None),
     p.HelloAck("f" * 32, 42, 7, "smol", 4096, 49152, 8, 16, 256, 64),
     p.TickOutput(
         "f" * 32,
@@ -41,6 +44,19 @@ SAMPLES: list[p.Message] = [
 @pytest.mark.parametrize("message", SAMPLES, ids=lambda m: type(m).__name__)
 def test_round_trip(message: p.Message) -> None:
     assert p.decode(p.encode(message)) == message
+
+
+def test_a_frame_without_trailing_defaulted_fields_still_decodes() -> None:
+    # A sender that predates Submit.admission (the last field) sends one item less.
+    submit = p.Submit("r1", "f" * 32, [1, 2], p.SamplingParams(), 4, admission={"a": 1})
+    items = [p.PROTOCOL_VERSION, p.Submit.TAG, *submit.to_wire()[:-1]]
+    decoded = p.decode(msgpack.packb(items, use_bin_type=True))
+    assert isinstance(decoded, p.Submit)
+    assert decoded.admission == {} and decoded.prompt_ids == [1, 2]
+    # Missing a field without a default is still an error.
+    short = [p.PROTOCOL_VERSION, p.Submit.TAG, *submit.to_wire()[:3]]
+    with pytest.raises(p.ProtocolError):
+        p.decode(msgpack.packb(short, use_bin_type=True))
 
 
 def test_wrong_version_is_rejected() -> None:
