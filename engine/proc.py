@@ -6,6 +6,7 @@ Loop: receive (block only when idle) -> housekeeping -> one core step -> publish
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
@@ -21,7 +22,7 @@ from tinyserve.engine.meters import EngineMeter
 from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
 from tinyserve.engine.spans import SpanRecorder
 from tinyserve.errors import TinyServeError
-from tinyserve.logs import fields, setup_logging
+from tinyserve.logs import RateLimitedLog, fields, setup_logging
 from tinyserve.model import model_name
 from tinyserve.procs import pid_alive
 from tinyserve.protocol import (
@@ -53,6 +54,9 @@ IDLE_POLL_MS = 250
 MAX_MESSAGES_PER_TICK = 1024
 REAP_INTERVAL_NS = 1_000_000_000
 PUB_HWM = 100_000  # one message per tick per frontend: hours of backlog before a drop
+# A Submit of a whole context of token ids is tens of KB; a peer sending more is not ours.
+MAX_INBOX_MESSAGE_BYTES = 16 * 1024 * 1024
+MAX_LOGPROBS = 20  # alternatives per token; the OpenAI API's top_logprobs limit
 
 
 class HeartbeatThread(threading.Thread):
@@ -104,6 +108,7 @@ class EngineProcess:
         self._stop_at_ns = 0
         self._next_reap_ns = 0
         self._next_watchdog_ns = 0
+        self._dropped = RateLimitedLog(log)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -111,6 +116,7 @@ class EngineProcess:
         self.inbox.setsockopt(zmq.LINGER, 0)
         self.outbox.setsockopt(zmq.LINGER, 0)
         self.outbox.setsockopt(zmq.SNDHWM, PUB_HWM)
+        self.inbox.setsockopt(zmq.MAXMSGSIZE, MAX_INBOX_MESSAGE_BYTES)
         self.inbox.bind(self.config.engine_in)
         self.outbox.bind(self.config.engine_out)
         self.heartbeat.start()
@@ -176,18 +182,25 @@ class EngineProcess:
             return
         for _ in range(MAX_MESSAGES_PER_TICK):
             try:
-                frame = self.inbox.recv(zmq.NOBLOCK)
+                frames = self.inbox.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            if len(frames) != 1:
+                self._dropped.warning("dropped message", error=f"{len(frames)} frames, not 1")
+                continue
             try:
-                self._handle(decode(frame))
+                self._handle(decode(frames[0]))
             except ProtocolError as exc:
-                log.warning("dropped undecodable message", extra=fields(error=str(exc)))
+                self._dropped.warning("dropped message", error=str(exc))
 
     def _handle(self, message: Message) -> None:
         if isinstance(message, Submit):
-            self.core.submit(message)
-            self.meter.submitted(message)
+            fault = submit_fault(message, self.runtime.n_vocab)
+            if fault:
+                self._dropped.warning("dropped malformed submit", error=fault)
+            else:
+                self.core.submit(message)
+                self.meter.submitted(message)
         elif isinstance(message, Cancel):
             self.core.cancel(message.request_id, message.reason)
         elif isinstance(message, Hello):
@@ -195,7 +208,7 @@ class EngineProcess:
         elif isinstance(message, TimelineQuery):
             self._answer_timeline_query(message)
         else:
-            log.warning("dropped unexpected message", extra=fields(type=type(message).__name__))
+            self._dropped.warning("dropped unexpected message", type=type(message).__name__)
 
     def _answer_timeline_query(self, query: TimelineQuery) -> None:
         fid, rid = query.frontend_id, query.request_id
@@ -271,6 +284,21 @@ class EngineProcess:
         )
 
 
+def submit_fault(submit: Submit, n_vocab: int) -> str:
+    """What makes a well-typed ``Submit`` unsafe to run, or "". Our frontends never send one
+    (they validate first); anything else that reaches the socket must not crash the engine."""
+    if submit.max_tokens < 1:
+        return "max_tokens < 1"
+    if not all(0 <= token < n_vocab for token in submit.prompt_ids):
+        return "prompt token id outside the vocabulary"
+    sampling = submit.sampling
+    if not -1 <= sampling.logprobs <= MAX_LOGPROBS:
+        return f"logprobs outside -1..{MAX_LOGPROBS}"
+    if not (math.isfinite(sampling.temperature) and 0.0 < sampling.top_p <= 1.0):
+        return "temperature or top_p out of range"
+    return ""
+
+
 def _refuse_if_engine_running(board_path: str) -> None:
     try:
         board = Board.attach(board_path)
@@ -289,6 +317,9 @@ def _refuse_if_engine_running(board_path: str) -> None:
 def run(config: Config) -> int:
     """Entry point of ``tinyserve engine``."""
     setup_logging(config, "engine")
+    # Sockets and the board are created by us: nobody else gets any access bit on them,
+    # whatever umask we were started with (the runtime dir is 0700 as well).
+    os.umask(0o077)
     try:
         prepare_runtime_dir(config.runtime_dir)
         metrics.setup(config.runtime_dir, metrics.ENGINE)  # before any metric value exists

@@ -133,4 +133,6 @@ def _from_http_exception(exc: web.HTTPException) -> ApiError:
     # Allow (405) and similar headers stay meaningful; the content type and length are ours.
     skip = {"content-type", "content-length"}
     headers = {k: v for k, v in exc.headers.items() if k.lower() not in skip}
-    return ApiError(exc.status, type_, exc.reason, headers=headers)
+    # 413's text names the limit ("Maximum request body size N exceeded, ..."); keep it.
+    message = (exc.text or exc.reason) if exc.status == 413 else exc.reason
+    return ApiError(exc.status, type_, message, headers=headers)

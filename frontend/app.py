@@ -15,28 +15,40 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from tinyserve import metrics
 from tinyserve.config import Config
 from tinyserve.frontend.api_errors import error_middleware
+from tinyserve.frontend.auth import ApiKeys, auth_middleware
 from tinyserve.frontend.chat_template import ChatTemplate
 from tinyserve.frontend.drain import DRAIN, Drain, drain_middleware
 from tinyserve.frontend.engine_client import EngineClient
 from tinyserve.frontend.engine_link import EngineLink
 from tinyserve.frontend.handlers import add_routes
 from tinyserve.frontend.keys import CHAT_TEMPLATE, CLIENT, CONFIG, LINK, TOKENIZER, TRACING
+from tinyserve.frontend.limits import InFlight
 from tinyserve.frontend.meters import METRICS, LinkMeter
 from tinyserve.frontend.tokenizer import Tokenizer
 from tinyserve.logs import fields
+from tinyserve.rundir import prepare_runtime_dir
 from tinyserve.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
 
 def build_app(config: Config, tracing: Tracing | None = None) -> web.Application:
-    """The frontend app; its engine connection starts when the app starts."""
-    # error_middleware outermost: the drain's 503 gets the same JSON shape as every error.
-    app = web.Application(middlewares=[error_middleware, drain_middleware])
+    """The frontend app; its engine connection starts when the app starts. Raises
+    ``TinyServeError`` for an unsafe runtime dir or an unreadable key file."""
+    prepare_runtime_dir(config.runtime_dir)
+    keys = ApiKeys.of_config(config)
+    # error_middleware outermost: every refusal below gets the same JSON shape as any error;
+    # the key check before the limits, so requests without a key take no in-flight slot.
+    middlewares: list[Middleware] = [error_middleware]
+    if keys.enabled:
+        middlewares.append(auth_middleware(keys, config))
+    middlewares += [InFlight(config.max_connections).middleware(), drain_middleware]
+    app = web.Application(middlewares=middlewares, client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app[TRACING] = tracing or Tracing()  # the caller owns it (and flushes it at exit)
     app[DRAIN] = Drain()

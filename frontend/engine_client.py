@@ -23,7 +23,7 @@ import zmq.asyncio
 from tinyserve import protocol
 from tinyserve.config import Config
 from tinyserve.frontend.streams import RequestStream
-from tinyserve.logs import fields
+from tinyserve.logs import RateLimitedLog, fields
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ class EngineClient:
         self.on_pending_change: Callable[[], None] | None = None
         self._queries: dict[int, asyncio.Future[dict[str, Any] | None]] = {}
         self._next_query = 0
+        self._dropped = RateLimitedLog(log)
 
     # -- sending ------------------------------------------------------------------------------
 
@@ -112,6 +113,10 @@ class EngineClient:
         waiting = [s for s in self._streams.values() if s.pending]
         return sum(s.blocks for s in waiting), len(waiting)
 
+    def streams(self) -> list[RequestStream]:
+        """The live request streams."""
+        return list(self._streams.values())
+
     @property
     def in_flight(self) -> int:
         """Requests with a live stream (sent, handler not finished)."""
@@ -151,12 +156,12 @@ class EngineClient:
         while True:
             frames = await self._sub.recv_multipart()
             if len(frames) != 2:
-                log.warning("dropping engine message", extra=fields(frames=len(frames)))
+                self._dropped.warning("dropping engine message", frames=len(frames))
                 continue
             try:
                 message = protocol.decode(frames[1])
             except protocol.ProtocolError as exc:
-                log.warning("dropping engine message", extra=fields(error=str(exc)))
+                self._dropped.warning("dropping engine message", error=str(exc))
                 continue
             self._dispatch(message)
 

@@ -21,7 +21,6 @@ from tinyserve.frontend.drain import drain_app
 from tinyserve.frontend.keys import LINK
 from tinyserve.logs import fields, setup_logging
 from tinyserve.sdnotify import Notifier
-from tinyserve.tracing import Tracing
 from tinyserve.tracing import from_config as tracing_from_config
 
 log = logging.getLogger(__name__)
@@ -33,27 +32,28 @@ STOP_GRACE_S = 2.0
 def run(config: Config) -> int:
     """Serve until stopped; 0 on a clean stop, 1 when start-up failed."""
     setup_logging(config, "frontend")
+    os.umask(0o077)  # what we create (sockets, files) is ours alone, as the engine's is
     try:
         # Before any metric value exists (see metrics.setup).
         process_metrics = metrics.setup(config.runtime_dir, metrics.FRONTEND)
         tracing = tracing_from_config(config, "frontend")
+        app = build_app(config, tracing)
     except TinyServeError as exc:
         log.error("frontend failed to start: %s", exc)
         return 1
     try:
-        return asyncio.run(_serve(config, tracing))
+        return asyncio.run(_serve(config, app))
     finally:
         tracing.shutdown()  # exports the spans still buffered
         process_metrics.forget_process(os.getpid())  # our gauges go; our counters stay
 
 
-async def _serve(config: Config, tracing: Tracing) -> int:
+async def _serve(config: Config, app: web.Application) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     notifier = Notifier(notify_socket())
-    app = build_app(config, tracing)
     # After a stop signal, drain_app refuses new requests and gives in-flight ones
     # drain_timeout seconds; handlers still running after a short grace are cancelled, which
     # cancels them in the engine too.

@@ -8,13 +8,17 @@ an error. ``/generate`` and the OpenAI routes differ only in how they parse and 
 
 from __future__ import annotations
 
+import logging
+
 from aiohttp import web
 
 from tinyserve import protocol
 from tinyserve.frontend import admission
 from tinyserve.frontend.api_errors import ApiError
+from tinyserve.frontend.backpressure import ClientStalled, drop_connection
 from tinyserve.frontend.engine_client import EngineUnreachable
-from tinyserve.frontend.keys import CLIENT, LINK, TOKENIZER
+from tinyserve.frontend.keys import CLIENT, CONFIG, LINK, TOKENIZER
+from tinyserve.frontend.limits import check_prompt_limit
 from tinyserve.frontend.meters import METER, METRICS, count_rejection, metered
 from tinyserve.frontend.observe import Observation, observe
 from tinyserve.frontend.replies import (
@@ -29,6 +33,9 @@ from tinyserve.frontend.validation import (
     check_prompt_fits,
     check_token_ids,
 )
+from tinyserve.logs import fields
+
+log = logging.getLogger(__name__)
 
 
 @metered
@@ -61,6 +68,7 @@ async def _run(
         prompt_ids = await app[TOKENIZER].tokenize(req.prompt)
     else:
         check_token_ids(prompt_ids, ack.n_vocab)
+    check_prompt_limit(len(prompt_ids), app[CONFIG].max_prompt_tokens)
     check_prompt_fits(len(prompt_ids), req.max_tokens, ack.n_ctx)
     obs.prompt_tokens = len(prompt_ids)
     with obs.step(request, "admission"):
@@ -134,6 +142,7 @@ async def _forward(
     obs.stream = stream
     link.publish()
     stream.on_piece = request[METER].piece  # first token and gaps, as the reply takes them
+    reason = protocol.FINISH_CANCELLED
     try:
         early = await stream.acknowledged()
         error = finish_error(early, link.load()) if early is not None else None
@@ -144,10 +153,16 @@ async def _forward(
         )
         with obs.step(request, "streaming"):
             return await reply(request, stream, ctx)
+    except ClientStalled as stalled:
+        reason = protocol.FINISH_CLIENT_STALLED
+        log.warning("client stopped reading", extra=fields(request_id=submit.request_id))
+        return stalled.response
     finally:
         # Client gone (handler cancelled) or a failure of ours: the engine must not keep
         # generating for nobody. cancel() never waits, so this cannot hang a cancelled task.
         if not stream.engine_finished:
-            client.cancel(submit.request_id)
-            request[METER].cancel_sent(protocol.FINISH_CANCELLED)
+            client.cancel(submit.request_id, reason)
+            request[METER].cancel_sent(reason)
         client.release(submit.request_id)
+        if reason == protocol.FINISH_CLIENT_STALLED:
+            drop_connection(request)

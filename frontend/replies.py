@@ -34,6 +34,8 @@ from tinyserve.frontend.api_errors import (
     too_long,
     unavailable,
 )
+from tinyserve.frontend.backpressure import ClientStalled, bound_buffers, paced_write
+from tinyserve.frontend.keys import CONFIG
 from tinyserve.frontend.streams import Finish, RequestStream
 from tinyserve.logs import fields
 
@@ -137,11 +139,15 @@ async def write_sse(
     """Send ``source``'s events as they come; a stream always ends, even after a bug of ours."""
     response = web.StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": request_id})
     await response.prepare(request)
+    bound_buffers(request)
+    timeout_s = request.app[CONFIG].write_timeout
     try:
         async with contextlib.aclosing(source.events()) as events:
             async for event in events:
-                await response.write(event)
+                await paced_write(request, response, event, timeout_s)
         await response.write_eof()
+    except ClientStalled:
+        raise  # the pipeline cancels the request and drops the connection
     except ConnectionResetError:
         # The client is gone; the handler's cleanup cancels the request in the engine.
         log.info("client went away mid-stream", extra=fields(request_id=request_id))

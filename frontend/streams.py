@@ -4,6 +4,10 @@ The listener task calls ``deliver`` (never blocks); the handler awaits ``acknowl
 iterates ``pieces()``. A stream always ends with exactly one ``Finish``: the engine's, or one
 made up here when an update went missing (sequence gap) or the engine went away, so a handler
 never waits for an update that will not come.
+
+Updates the handler has not taken yet are merged into one (text, token ids, logprobs, events;
+the last one's finish), so a client that reads slowly gets fewer, larger pieces and its
+stream holds at most its output, however many ticks went by.
 """
 
 from __future__ import annotations
@@ -57,7 +61,10 @@ class RequestStream:
         self.engine_finished = False  # the engine sent this request's final update
         self._closed = False  # a Finish is queued: later updates are ignored
         self._next_seq = 0
-        self._queue: asyncio.Queue[protocol.RequestUpdate | Finish] = asyncio.Queue()
+        self._merged: _Merged | None = None  # updates delivered, not yet taken by pieces()
+        self._failure: Finish | None = None  # a made-up end, after whatever is merged
+        self._ready = asyncio.Event()  # something to take
+        self.most_merged = 0  # the most updates one piece had to carry (slow-reader figure)
         self.on_piece: Callable[[Piece], None] | None = None  # sees each piece as it is taken
         self._acknowledged = asyncio.Event()
         self._early_finish: Finish | None = None
@@ -95,7 +102,11 @@ class RequestStream:
             self.finish = _finish_of(update)
             if not self.accepted:
                 self._early_finish = _finish_of(update)
-        self._queue.put_nowait(update)
+        if self._merged is None:
+            self._merged = _Merged()
+        self._merged.add(update)
+        self.most_merged = max(self.most_merged, self._merged.updates)
+        self._ready.set()
         if self.accepted or self._closed:
             self._acknowledged.set()
 
@@ -108,7 +119,8 @@ class RequestStream:
         finish = self.finish = Finish(protocol.FINISH_ERROR, detail, engine_down=engine_down)
         if not self.accepted:
             self._early_finish = finish
-        self._queue.put_nowait(finish)
+        self._failure = finish
+        self._ready.set()
         self._acknowledged.set()
 
     async def acknowledged(self) -> Finish | None:
@@ -117,22 +129,27 @@ class RequestStream:
         await self._acknowledged.wait()
         return self._early_finish
 
+    @property
+    def queued(self) -> int:
+        """Pieces ready to be taken: never more than two (the merged output, a failure)."""
+        return (self._merged is not None) + (self._failure is not None)
+
     async def pieces(self) -> AsyncIterator[Piece]:
         """Decoded output up to and including the one piece that carries the ``Finish``."""
         while True:
-            item = await self._queue.get()
-            if isinstance(item, Finish):
+            await self._ready.wait()
+            self._ready.clear()
+            merged, self._merged = self._merged, None
+            if merged is not None:
+                piece = merged.piece(self._decoder)
+                if piece.finish is not None:
+                    self._drop_partial_character()
+                yield self._taken(piece)
+                if piece.finish is not None:
+                    return
+            if self._failure is not None and self._merged is None:
                 self._drop_partial_character()
-                yield self._taken(Piece("", finish=item))
-                return
-            finish = _finish_of(item) if item.finish_reason is not None else None
-            text = self._decoder.decode(item.text)
-            if finish is not None:
-                self._drop_partial_character()
-            yield self._taken(
-                Piece(text, len(item.token_ids), item.events, finish, item.token_ids, item.logprobs)
-            )
-            if finish is not None:
+                yield self._taken(Piece("", finish=self._failure))
                 return
 
     def _taken(self, piece: Piece) -> Piece:
@@ -150,6 +167,32 @@ class RequestStream:
                 extra=fields(request_id=self.request_id, bytes=len(pending)),
             )
         self._decoder.reset()
+
+
+class _Merged:
+    """Consecutive updates of one request, folded into what one ``Piece`` carries."""
+
+    def __init__(self) -> None:
+        self.updates = 0
+        self.text = bytearray()
+        self.token_ids: list[int] = []
+        self.events: list[protocol.Event] = []
+        self.logprobs: list[list[Any]] = []
+        self.last: protocol.RequestUpdate | None = None
+
+    def add(self, update: protocol.RequestUpdate) -> None:
+        self.updates += 1
+        self.text += update.text
+        self.token_ids += update.token_ids
+        self.events += update.events
+        self.logprobs += update.logprobs
+        self.last = update
+
+    def piece(self, decoder: codecs.IncrementalDecoder) -> Piece:
+        assert self.last is not None
+        finish = _finish_of(self.last) if self.last.finish_reason is not None else None
+        text = decoder.decode(bytes(self.text))
+        return Piece(text, len(self.token_ids), self.events, finish, self.token_ids, self.logprobs)
 
 
 def _has_event(update: protocol.RequestUpdate, kind: str) -> bool:

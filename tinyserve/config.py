@@ -69,6 +69,14 @@ def _weight_map(text: str) -> dict[str, float]:
     return weights
 
 
+def _api_key(text: str) -> str:
+    # Keys travel to child processes as one comma-separated variable, so a key holds no comma.
+    key = text.strip()
+    if not key or "," in key or any(c.isspace() for c in key):
+        raise argparse.ArgumentTypeError("an API key is non-empty, without commas or spaces")
+    return key
+
+
 def _weights(text: str) -> str:
     """Validate ``name=w,...`` and return it normalised (it is passed on to child processes)."""
     return ",".join(f"{name}={w:g}" for name, w in _weight_map(text).items())
@@ -84,6 +92,8 @@ class Option:
     help: str
     roles: frozenset[str]
     choices: tuple[str, ...] | None = None
+    repeat: bool = False  # the flag may be given many times; the env holds "a,b,c"
+    secret: bool = False  # never on a child's command line (visible in ps): passed by env
 
     @property
     def flag(self) -> str:
@@ -134,6 +144,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_tokens_limit", _pint, 4096, "largest max_tokens a request may ask for", _FE),
     Option("default_max_tokens", _pint, 128, "max_tokens when a request gives none", _FE),
     Option("ready_timeout", _pint, 120, "seconds to wait for the engine handshake", _FE),
+    Option("api_key", _api_key, (), "accepted bearer key (repeatable)", _FE, None, True, True),
+    Option("api_key_file", str, None, "file of accepted keys, one per line (# comments)", _FE),
+    Option("metrics_auth", _bool, True, "GET /metrics needs a key too (when keys are set)", _FE),
+    Option("max_body_bytes", _pint, 1024**2, "largest request body in bytes (413 above)", _FE),
+    Option("max_prompt_tokens", _nnint, 0, "longest prompt in tokens (0: the context)", _FE),
+    Option("max_connections", _nnint, 256, "requests in progress per frontend (0: any)", _FE),
+    Option("write_timeout", _nnfloat, 30.0, "seconds a stalled client may block (0: none)", _FE),
     # launcher
     Option("frontends", _pint, 2, "frontend processes to start", _SRV),
 )
@@ -172,6 +189,13 @@ class Config:
     drain_timeout: float
     trace_exporter: str
     timeline_keep: int
+    api_key: tuple[str, ...]
+    api_key_file: str | None
+    metrics_auth: bool
+    max_body_bytes: int
+    max_prompt_tokens: int
+    max_connections: int
+    write_timeout: float
 
     @property
     def engine_in(self) -> str:
@@ -208,13 +232,24 @@ class Config:
         argv: list[str] = []
         for opt in OPTIONS:
             value = getattr(self, opt.name)
-            if role not in opt.roles or value is None:
+            if role not in opt.roles or value is None or opt.secret:
                 continue
             if isinstance(value, bool):
                 argv.append(opt.flag if value else "--no-" + opt.flag[2:])
+            elif opt.repeat:
+                for item in value:
+                    argv += [opt.flag, str(item)]
             else:
                 argv += [opt.flag, str(value)]
         return argv
+
+    def secret_env_for(self, role: str) -> dict[str, str]:
+        """Environment variables that hand a child of ``role`` the secret options."""
+        return {
+            opt.env: ",".join(getattr(self, opt.name))
+            for opt in OPTIONS
+            if opt.secret and role in opt.roles and getattr(self, opt.name)
+        }
 
 
 def default_runtime_dir(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
@@ -241,6 +276,11 @@ def add_arguments(parser: argparse.ArgumentParser, role: str) -> None:
                 default=None,
                 help=opt.help + default,
             )
+        elif opt.repeat:
+            env = f" (env {opt.env}=a,b)"
+            parser.add_argument(
+                opt.flag, dest=opt.name, type=opt.parse, action="append", help=opt.help + env
+            )
         else:
             parser.add_argument(
                 opt.flag,
@@ -265,6 +305,8 @@ def build_config(
         if value is None and opt.env in env:
             value = _parse_env(opt, env[opt.env])
         values[opt.name] = opt.default if value is None else value
+        if opt.repeat:
+            values[opt.name] = tuple(values[opt.name])
     if values["runtime_dir"] is None:
         values["runtime_dir"] = default_runtime_dir(env)
     values["runtime_dir"] = str(Path(values["runtime_dir"]).absolute())
@@ -273,6 +315,8 @@ def build_config(
 
 def _parse_env(opt: Option, raw: str) -> Any:
     try:
+        if opt.repeat:
+            return [opt.parse(item) for item in raw.split(",") if item.strip()]
         value = opt.parse(raw)
     except (argparse.ArgumentTypeError, ValueError) as exc:
         raise SystemExit(f"{opt.env}={raw!r}: {exc}") from exc

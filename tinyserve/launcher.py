@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 from tinyserve.config import ENGINE, FRONTEND, Config, notify_socket
+from tinyserve.errors import TinyServeError
 from tinyserve.logs import setup_logging
 from tinyserve.metrics import remove_metrics_dir
 from tinyserve.rundir import prepare_runtime_dir, remove_quietly
@@ -37,6 +38,7 @@ class Child:
     name: str
     argv: list[str]
     notify_path: str
+    secret_env: dict[str, str] = field(default_factory=dict)  # kept off the command line
     process: subprocess.Popen[bytes] | None = None
     notify: socket.socket = field(init=False)
 
@@ -46,7 +48,7 @@ class Child:
         self.notify.bind(self.notify_path)
 
     def start(self) -> None:
-        env = dict(os.environ, NOTIFY_SOCKET=self.notify_path)
+        env = dict(os.environ, **self.secret_env, NOTIFY_SOCKET=self.notify_path)
         # A session of its own: a terminal's Ctrl-C reaches only us, and we stop the
         # children in order instead of all at once.
         self.process = subprocess.Popen(self.argv, env=env, start_new_session=True)
@@ -89,6 +91,7 @@ class Launcher:
                 f"frontend {i}",
                 [*python, FRONTEND, *config.flags_for(FRONTEND)],
                 os.path.join(run, f"notify-frontend-{i}"),
+                config.secret_env_for(FRONTEND),
             )
             for i in range(config.frontends)
         ]
@@ -155,7 +158,12 @@ class Launcher:
 def run(config: Config) -> int:
     """Entry point of ``tinyserve serve``."""
     setup_logging(config, "serve")
-    prepare_runtime_dir(config.runtime_dir)
+    os.umask(0o077)  # notify sockets, and the children inherit it
+    try:
+        prepare_runtime_dir(config.runtime_dir)
+    except TinyServeError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
     launcher = Launcher(config)
     signal.signal(signal.SIGINT, launcher.on_signal)
     signal.signal(signal.SIGTERM, launcher.on_signal)

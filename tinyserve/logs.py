@@ -62,3 +62,23 @@ def setup_logging(config: Config, process_name: str) -> None:
 def fields(**values: Any) -> dict[str, Any]:
     """``extra=`` for a structured log call: ``log.info("done", extra=fields(id=rid))``."""
     return {"fields": values}
+
+
+class RateLimitedLog:
+    """At most one warning per ``interval_s`` through ``logger``; the next one that goes out
+    counts the ones held back, so a flood of junk cannot flood the log (or the disk)."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 5.0) -> None:
+        self._logger = logger
+        self._interval_s = interval_s
+        self._next = 0.0
+        self.suppressed = 0
+
+    def warning(self, message: str, **values: Any) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self.suppressed += 1
+            return
+        self._next = now + self._interval_s
+        self._logger.warning(message, extra=fields(**values, suppressed=self.suppressed))
+        self.suppressed = 0

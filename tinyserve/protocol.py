@@ -12,6 +12,9 @@ fields in declaration order. A frame with another version or an unknown tag rais
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -27,6 +30,7 @@ FINISH_QUEUE_TIMEOUT = "queue_timeout"
 FINISH_TIMEOUT = "timeout"
 FINISH_ERROR = "error"
 FINISH_REJECTED = "rejected"
+FINISH_CLIENT_STALLED = "client_stalled"  # a cancel: the client stopped reading its stream
 
 # Why the engine turned a request away (FINISH_REJECTED); the frontend answers 503 or 400.
 REJECT_QUEUE_FULL = "queue_full"
@@ -78,13 +82,76 @@ class Message:
             if nested is None:
                 values[name] = raw
             elif isinstance(nested, list):
+                if not isinstance(raw, list):
+                    raise ProtocolError(f"{cls.__name__}.{name}: expected a list")
                 values[name] = [nested[0].from_wire(x) for x in raw]
             else:
                 values[name] = nested.from_wire(raw)
+        _check_types(cls, values)
         try:
             return cls(**values)
         except TypeError as exc:
             raise ProtocolError(f"{cls.__name__}: {exc}") from exc
+
+
+def _check_types(cls: type[Message], values: dict[str, Any]) -> None:
+    # A frame from a foreign or broken sender must fail here, not deep in the engine or a
+    # frontend's listener, where a str for an int would crash the loop.
+    checks = _field_checks(cls)
+    for name, value in values.items():
+        if name in checks and not checks[name](value):
+            raise ProtocolError(f"{cls.__name__}.{name}: wrong type {type(value).__name__}")
+
+
+_CHECKS: dict[type[Message], dict[str, Callable[[Any], bool]]] = {}
+
+
+def _field_checks(cls: type[Message]) -> dict[str, Callable[[Any], bool]]:
+    checks = _CHECKS.get(cls)
+    if checks is None:
+        hints = typing.get_type_hints(cls)
+        checks = {
+            f.name: _type_check(hints[f.name])
+            for f in dataclasses.fields(cls)
+            if f.name not in cls.NESTED
+        }
+        _CHECKS[cls] = checks
+    return checks
+
+
+# msgpack decodes to exactly these types; a bool is not accepted as a number.
+_PLAIN: dict[Any, frozenset[type]] = {
+    int: frozenset({int}),
+    float: frozenset({int, float}),  # a whole number may travel as an int
+    str: frozenset({str}),
+    bytes: frozenset({bytes}),
+    bool: frozenset({bool}),
+}
+
+
+def _type_check(hint: Any) -> Callable[[Any], bool]:
+    """A predicate for the field annotations this module uses (msgpack's decoded types)."""
+    args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return lambda value: True
+    if hint in _PLAIN:
+        allowed = _PLAIN[hint]
+        return lambda value: type(value) in allowed
+    if hint is type(None):
+        return lambda value: value is None
+    if origin in (types.UnionType, typing.Union):
+        options = [_type_check(arg) for arg in args]
+        return lambda value: any(check(value) for check in options)
+    if origin is list and args[0] in _PLAIN:  # token ids: one C-level pass over the types
+        items = _PLAIN[args[0]]
+        return lambda value: type(value) is list and set(map(type, value)) <= items
+    if origin is list:
+        item = _type_check(args[0])
+        return lambda value: type(value) is list and all(map(item, value))
+    assert origin is dict, hint
+    key, val = _type_check(args[0]), _type_check(args[1])
+    return lambda value: type(value) is dict and all(key(k) and val(v) for k, v in value.items())
 
 
 def _encode_field(value: Any) -> Any:

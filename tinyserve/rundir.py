@@ -14,8 +14,13 @@ from tinyserve.errors import TinyServeError
 
 def prepare_runtime_dir(path: str) -> None:
     """Create ``path`` with mode 0700, or accept an existing one only if it is safe."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    info = os.stat(path)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.stat(path)
+    except FileExistsError:
+        raise TinyServeError(f"runtime dir {path} is not a directory") from None
+    except OSError as exc:
+        raise TinyServeError(f"runtime dir {path}: {exc.strerror}") from exc
     if not stat.S_ISDIR(info.st_mode):
         raise TinyServeError(f"runtime dir {path} is not a directory")
     if info.st_uid != os.getuid():

@@ -283,7 +283,8 @@ async def test_pending_counts_until_accepted(served: Client, engine: FakeEngine)
 async def test_malformed_update_mid_stream_still_ends_with_one_final_event(
     served: Client, engine: FakeEngine
 ) -> None:
-    # A str where the protocol says bytes: the frontend fails, the client still gets an end.
+    # A str where the protocol says bytes: the frame is dropped at decoding, the next update
+    # shows the gap, and the client still gets one end.
     engine.script = lambda submit: [
         [accepted(token_ids=[1], text=b"a")],
         [{"token_ids": [2], "text": "not bytes"}],
@@ -292,5 +293,6 @@ async def test_malformed_update_mid_stream_still_ends_with_one_final_event(
     response = await served.post("/generate", json={"prompt": "Hi", "stream": True})
     events = await sse_events(response)
     assert [e.get("finish_reason") for e in events] == [None, "error"]
-    assert events[-1]["error"]["type"] == "internal_error"
+    assert events[-1]["error"]["type"] == "engine_error"
+    assert "update 1 missing" in events[-1]["error"]["message"]
     await until(lambda: len(engine.cancels) == 1)

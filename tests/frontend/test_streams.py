@@ -38,7 +38,8 @@ async def test_accepted_then_tokens_then_finish() -> None:
     assert sum(p.tokens for p in pieces) == 2
     finish = pieces[-1].finish
     assert finish == Finish(protocol.FINISH_STOP, prompt_tokens=5)
-    assert [p.finish for p in pieces[:-1]] == [None, None]
+    # Delivered before anyone read: merged into one piece.
+    assert len(pieces) == 1 and pieces[0].events == [ACCEPTED] and pieces[0].token_ids == [1, 2]
     assert stream.engine_finished
 
 
@@ -147,3 +148,32 @@ async def test_tokens_without_accepted_event_count_as_accepted() -> None:
     stream = RequestStream("r1", blocks=1)
     stream.deliver(update(0, b"hi"))
     assert await stream.acknowledged() is None and stream.accepted
+
+
+async def test_a_reader_keeping_up_gets_one_piece_per_update() -> None:
+    stream = RequestStream("r1", blocks=1)
+    stream.deliver(update(0, events=[ACCEPTED]))
+    pieces = stream.pieces()
+    assert (await anext(pieces)).events == [ACCEPTED]
+    stream.deliver(update(1, b"a"))
+    assert (await anext(pieces)).text == "a"
+    stream.deliver(update(2, b"b", finish_reason=protocol.FINISH_STOP))
+    last = await anext(pieces)
+    assert last.text == "b" and last.finish is not None
+    assert stream.most_merged == 1
+
+
+async def test_a_slow_reader_gets_merged_pieces_and_the_queue_stays_bounded() -> None:
+    stream = RequestStream("r1", blocks=1)
+    stream.deliver(update(0, events=[ACCEPTED]))
+    logprob = [-0.5, [[7, -0.5]]]
+    for seq in range(1, 10_001):
+        stream.deliver(update(seq, b"x", token_ids=[seq], logprobs=[logprob]))
+        assert stream.queued == 1
+    stream.fail("engine gone", engine_down=True)
+    assert stream.queued == 2
+    pieces = await drain(stream)
+    assert len(pieces) == 2 and stream.most_merged == 10_001
+    assert pieces[0].text == "x" * 10_000 and pieces[0].tokens == 10_000
+    assert pieces[0].token_ids == list(range(1, 10_001)) and len(pieces[0].logprobs) == 10_000
+    assert pieces[1].finish is not None and pieces[1].finish.engine_down

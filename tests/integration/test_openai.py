@@ -23,20 +23,24 @@ pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("error")]
 # test runs, two spinning decode threads made single requests up to 20x slower (measured).
 ENGINE_THREADS = ("--threads", "1")
 COUNTING = "1, 2, 3, 4, 5,"  # the model keeps counting: no early end-of-generation
+API_KEY = "sk-tinyserve-test"
 QUESTION = [{"role": "user", "content": "What is the capital of Germany?"}]
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    flags = ("--slots", "4", "--ctx", "2048", *ENGINE_THREADS)
-    running = Node(tmp_path_factory.mktemp("openai"), *flags).start()
+    workdir = tmp_path_factory.mktemp("openai")
+    # The node requires a key; the clients below send it the way the openai client does.
+    (workdir / "keys").write_text(f"# test keys\n{API_KEY}\n")
+    flags = ("--slots", "4", "--ctx", "2048", "--api-key-file", str(workdir / "keys"))
+    running = Node(workdir, *flags, *ENGINE_THREADS).start()
     yield running
     assert running.stop() == 0
 
 
 @pytest.fixture(scope="module")
 def client(node: Node) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{node.url}/v1", api_key="unused", max_retries=0) as sync:
+    with openai.OpenAI(base_url=f"{node.url}/v1", api_key=API_KEY, max_retries=0) as sync:
         yield sync
 
 
@@ -47,8 +51,8 @@ def model(client: openai.OpenAI) -> str:
     return served.id
 
 
-def async_client(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+def async_client(url: str, api_key: str = API_KEY) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0)
 
 
 def test_model_is_the_file_name(model: str) -> None:
@@ -168,6 +172,17 @@ async def test_async_completion(node: Node, model: str) -> None:
         reply = await client.completions.create(model=model, prompt=COUNTING, max_tokens=4)
     reply.model_dump()
     assert reply.id.startswith("cmpl-") and reply.model == model
+
+
+async def test_a_wrong_key_raises_authentication_error(node: Node, model: str) -> None:
+    async with async_client(node.url, api_key="sk-wrong") as client:
+        with pytest.raises(openai.AuthenticationError) as raised:
+            await client.completions.create(model=model, prompt=COUNTING, max_tokens=4)
+        with pytest.raises(openai.AuthenticationError):
+            await client.models.list()
+    error = raised.value
+    assert error.status_code == 401 and error.response.headers["www-authenticate"] == "Bearer"
+    assert isinstance(error.body, dict) and error.body["code"] == "invalid_api_key"
 
 
 async def test_admission_rejection_is_a_503(tmp_path: Path) -> None:
