@@ -142,13 +142,22 @@ def _make(spec: Spec) -> Counter | Gauge | Histogram:
 
 
 class Metrics:
-    """The metrics a process of kind ``role`` writes, under ``directory``. Get it from
-    ``setup``. Only those: a metric without labels writes its zero value on creation, and a
-    frontend's zero engine gauges (or the engine's zero ``engine_up``) would show."""
+    """This process's metric objects, writing under ``directory``. Get it from ``setup``.
 
-    def __init__(self, directory: str, role: str) -> None:
+    Only the metrics of the roles the process plays exist: a metric without labels writes its
+    zero on creation, and a frontend's zero engine gauges (or the engine's zero
+    ``engine_up``) would show. A test may play both roles in one process.
+    """
+
+    def __init__(self, directory: str) -> None:
         self.directory = directory
-        self._by_name = {spec.name: _make(spec) for spec in SPECS if role in spec.writer}
+        self._by_name: dict[str, Counter | Gauge | Histogram] = {}
+
+    def add_role(self, role: str) -> None:
+        """Create the metrics a process of kind ``role`` writes (those not created yet)."""
+        for spec in SPECS:
+            if role in spec.writer and spec.name not in self._by_name:
+                self._by_name[spec.name] = _make(spec)
 
     def counter(self, name: str) -> Counter:
         metric = self._by_name[name]
@@ -185,11 +194,17 @@ def setup(runtime_dir: str, role: str) -> Metrics:
 
     Call it early in each process entry point, before any other code touches a metric. Later
     calls return the same object, whatever ``runtime_dir`` (tests that build several apps in
-    one process share the first directory).
+    one process share the first directory), with ``role``'s metrics added.
     """
     global _process_metrics
-    if _process_metrics is not None:
-        return _process_metrics
+    if _process_metrics is None:
+        _process_metrics = Metrics(_prepare(runtime_dir))
+    _process_metrics.add_role(role)
+    return _process_metrics
+
+
+def _prepare(runtime_dir: str) -> str:
+    """Create the metrics directory and point prometheus-client at it; returns its path."""
     directory = os.path.join(runtime_dir, METRICS_SUBDIR)
     prepare_runtime_dir(runtime_dir)
     prepare_runtime_dir(directory)
@@ -203,8 +218,7 @@ def setup(runtime_dir: str, role: str) -> Metrics:
     # A dead process of an earlier run may have had our pid: its live gauges are not ours.
     for path in glob.glob(os.path.join(directory, f"gauge_*_{os.getpid()}.db")):
         os.unlink(path)
-    _process_metrics = Metrics(directory, role)
-    return _process_metrics
+    return directory
 
 
 def forget_dead(directory: str) -> list[int]:

@@ -166,6 +166,26 @@ def test_an_earlier_runs_dead_processes_are_dropped_at_setup(tmp_path: Path) -> 
         later.stop()
 
 
+def test_one_process_may_play_both_roles(tmp_path: Path) -> None:
+    # In-process tests run the engine loop and a frontend app together.
+    script = (
+        "import sys; from tinyserve import metrics\n"
+        "e = metrics.setup(sys.argv[1], metrics.ENGINE)\n"
+        "f = metrics.setup(sys.argv[1], metrics.FRONTEND)\n"
+        "assert e is f\n"
+        "e.gauge('tinyserve_kv_blocks_used').set(4)\n"
+        "f.gauge('tinyserve_engine_up').set(1)\n"
+        "e.counter('tinyserve_admission_rejections_total').labels('engine', 'x').inc()\n"
+        "f.counter('tinyserve_admission_rejections_total').labels('frontend', 'x').inc()\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True)
+    found = samples(tmp_path / "metrics")
+    assert value(found, "tinyserve_kv_blocks_used") == 4
+    rejections = "tinyserve_admission_rejections_total"
+    assert value(found, rejections, stage=ENGINE, reason="x") == 1
+    assert value(found, rejections, stage=FRONTEND, reason="x") == 1
+
+
 def test_metrics_dir_is_private(tmp_path: Path) -> None:
     Writer(tmp_path, 1).stop()
     assert stat.S_IMODE((tmp_path / "metrics").stat().st_mode) == 0o700
