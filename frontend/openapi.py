@@ -13,10 +13,12 @@ from typing import Any
 
 from aiohttp import web
 
+from tinyserve.frontend.auth import OPEN_PATHS
 from tinyserve.frontend.openapi_schemas import SCHEMAS, Schema, ref
 from tinyserve.frontend.timelines import TIMELINE_SCHEMA
 
 OPENAPI_VERSION = "3.1.0"
+BEARER = "bearer"  # the security scheme of the API keys
 SSE = "text/event-stream"
 
 
@@ -63,6 +65,8 @@ _OTHER_SCHEMAS: dict[str, Schema] = {
 
 _ERROR_TEXT = {
     400: "invalid request (type invalid_request / context_length_exceeded)",
+    401: "no valid API key (only when the server has keys; WWW-Authenticate: Bearer)",
+    413: "body over the server's --max-body-bytes",
     404: "unknown model, or no recent request with that id",
     500: "engine or server error",
     503: "overloaded, draining or no engine; retry after Retry-After seconds",
@@ -82,7 +86,10 @@ def document() -> dict[str, Any]:
             "description": "Native /generate API and an OpenAI-compatible API; see docs/api.md.",
         },
         "paths": paths,
-        "components": {"schemas": {**SCHEMAS, **_OTHER_SCHEMAS}},
+        "components": {
+            "schemas": {**SCHEMAS, **_OTHER_SCHEMAS},
+            "securitySchemes": {BEARER: {"type": "http", "scheme": "bearer"}},
+        },
     }
 
 
@@ -104,7 +111,13 @@ def _operation(op: Operation) -> dict[str, Any]:
     responses: dict[str, Any] = {"200": {"description": "OK", "content": ok}}
     for status in op.errors:
         responses[str(status)] = _error_response(status, op.error_schema)
+    if op.request is not None:
+        responses["413"] = _error_response(413, op.error_schema)
     operation: dict[str, Any] = {"summary": op.summary, "responses": responses}
+    if op.path not in OPEN_PATHS:
+        # A key is needed only once the server has any (docs/api.md): bearer, or nothing.
+        operation["security"] = [{BEARER: []}, {}]
+        responses["401"] = _error_response(401, op.error_schema)
     names = re.findall(r"{(\w+)}", op.path)
     if names:
         path_param = {"in": "path", "required": True, "schema": {"type": "string"}}
@@ -123,6 +136,9 @@ def _error_response(status: int, schema: str) -> dict[str, Any]:
     if status == 503:
         retry = {"schema": {"type": "integer"}, "description": "seconds to wait"}
         response["headers"] = {"Retry-After": retry}
+    if status == 401:
+        challenge = {"schema": {"const": "Bearer"}, "description": "the scheme to use"}
+        response["headers"] = {"WWW-Authenticate": challenge}
     return response
 
 

@@ -13,8 +13,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from tests.frontend.harness import FakeEngine, wait_serving
 from tinyserve.config import Config, build_config
 from tinyserve.errors import TinyServeError
+from tinyserve.frontend import openapi
 from tinyserve.frontend.app import build_app
-from tinyserve.frontend.auth import ApiKeys, bearer_token, read_key_file
+from tinyserve.frontend.auth import OPEN_PATHS, ApiKeys, bearer_token, read_key_file
 
 Client = TestClient[Any, Any]
 KEYS = ("key-one", "key-two")
@@ -166,3 +167,13 @@ def test_keys_never_reach_a_child_command_line(tmp_path: Path) -> None:
 )
 def test_bearer_token(header: str | None, token: str | None) -> None:
     assert bearer_token(header) == token
+
+
+def test_the_api_document_says_which_routes_take_a_key() -> None:
+    paths = openapi.document()["paths"]
+    for path, methods in paths.items():
+        for operation in methods.values():
+            secured = "security" in operation
+            assert secured == (path not in OPEN_PATHS), path
+            assert ("401" in operation["responses"]) == secured, path
+    assert paths["/generate"]["post"]["security"] == [{openapi.BEARER: []}, {}]
