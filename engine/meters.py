@@ -56,6 +56,7 @@ class EngineMeter:
         self._cache = _CacheCounters(metrics)
         self._arrivals: dict[str, int] = {}  # request id -> arrival_ns, until its slot or end
         self._tick = 0
+        self._last: dict[str, int] = {}  # gauge values written last
 
     def submitted(self, request: protocol.Submit) -> None:
         """Remember when a request was sent, for its queue wait (it may be granted a slot and
@@ -73,9 +74,14 @@ class EngineMeter:
             self._batch_requests.observe(stats.batch_requests)
             self._batch_tokens.observe(stats.batch_tokens)
             self._decode.observe(stats.decode_s)
+        generated = 0
         for out in outputs:
             for update in out.updates:
-                self._update(update, step_ns)
+                generated += len(update.token_ids)
+                if update.events or update.finish_reason is not None:
+                    self._update(update, step_ns)
+        if generated:
+            self._generated.inc(generated)
         if core.cache is not None:
             self._cache.catch_up(core.cache.stats)
         self.set_gauges(core)
@@ -90,11 +96,11 @@ class EngineMeter:
             "kv_blocks_cached": core.blocks.cached,
         }
         for name, value in figures.items():
-            self._gauges[name].set(value)
+            if self._last.get(name) != value:  # a write per change, not per pass
+                self._gauges[name].set(value)
+                self._last[name] = value
 
     def _update(self, update: protocol.RequestUpdate, step_ns: int) -> None:
-        if update.token_ids:
-            self._generated.inc(len(update.token_ids))
         for event in update.events:
             if event.kind == protocol.EVENT_SLOT:
                 rule = rule_label(event.detail, self._tenants)
@@ -112,7 +118,8 @@ class EngineMeter:
             self._rejections.labels("engine", update.detail or "unknown").inc()
             return
         self._prompt.inc(update.prompt_tokens)
-        self._cached.inc(update.cached_tokens)
+        if update.cached_tokens:
+            self._cached.inc(update.cached_tokens)
         if reason == protocol.FINISH_CANCELLED and update.detail == _FRONTEND_GONE:
             self._cancellations.labels("frontend_gone").inc()
         elif reason in _CANCELLED_HERE:
