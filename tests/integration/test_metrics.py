@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .node import Node
+from .units import UnitNode, post_json
 
 pytestmark = pytest.mark.integration
 
@@ -141,3 +142,68 @@ def test_metrics_files_live_in_the_runtime_dir(node: Node) -> None:
     directory = Path(node.runtime_dir) / "metrics"
     assert (directory.stat().st_mode & 0o777) == 0o700
     assert any(directory.glob("counter_*.db"))
+
+
+async def scrape_until(url: str, holds: Callable[[Samples], bool], what: str) -> Samples:
+    """Scrape ``url`` until ``holds`` is true of its figures (30 s at most)."""
+    deadline = time.monotonic() + 30
+    async with aiohttp.ClientSession() as s:
+        while True:
+            async with s.get(f"{url}/metrics") as resp:
+                found = parse(await resp.text())
+            if holds(found):
+                return found
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.1)
+
+
+def up_by_pid(found: Samples) -> dict[int, float]:
+    return {int(dict(ls)["pid"]): v for (n, ls), v in found.items() if n == "tinyserve_engine_up"}
+
+
+async def test_dead_processes_leave_gauges_but_keep_their_counts(tmp_path: Path) -> None:
+    node = UnitNode(tmp_path, 2, engine_flags=("--slots", "2")).start()
+    url = node.urls[0]
+    fronts = [front.pid for front in node.fronts]
+    generated = "tinyserve_generation_tokens_total"
+    try:
+        async with aiohttp.ClientSession() as s:
+            for front_url in node.urls:
+                assert (await post_json(s, front_url, prompt="Hi", max_tokens=3))[0] == 200
+        before = await scrape_until(
+            url, lambda f: up_by_pid(f) == dict.fromkeys(fronts, 1.0), "both frontends up"
+        )
+        assert get(before, "tinyserve_kv_blocks_capacity") > 0
+        assert total(before, "tinyserve_requests_total") == 2
+
+        # The engine dies: each frontend reports it down, and its gauges go (a frontend marked
+        # its pid dead); its counters still count.
+        node.engine.kill9()
+        down = await scrape_until(
+            url,
+            lambda f: (
+                up_by_pid(f) == dict.fromkeys(fronts, 0.0)
+                and ("tinyserve_kv_blocks_capacity", ()) not in f
+            ),
+            "engine down and its gauges gone",
+        )
+        assert get(down, generated) == get(before, generated) > 0
+
+        # A new engine: gauges back, counts go on from the dead engine's.
+        node.engine.start().wait_for("READY=1")
+        await scrape_until(url, lambda f: get(f, "tinyserve_engine_up", pid=str(fronts[0])) == 1,
+                           "engine up again")  # fmt: skip
+        async with aiohttp.ClientSession() as s:
+            status, _, reply = await post_json(s, url, prompt="Hi", max_tokens=3)
+        assert status == 200, reply
+        after = await scrape_until(
+            url, lambda f: get(f, "tinyserve_kv_blocks_capacity") > 0, "new engine's gauges"
+        )
+        new_tokens = reply["usage"]["completion_tokens"]
+        assert get(after, generated) == get(before, generated) + new_tokens
+
+        # A frontend dies: the engine reaps it and its engine_up series goes.
+        node.fronts[1].kill9()
+        await scrape_until(url, lambda f: set(up_by_pid(f)) == {fronts[0]}, "frontend 1 gone")
+    finally:
+        node.stop()
