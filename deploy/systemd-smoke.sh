@@ -98,7 +98,7 @@ mode=$("${S[@]}" stat -c '%a %U' /run/tinyserve)
 echo "ok: /run/tinyserve is $mode"
 
 body='{"prompt": "1, 2, 3,", "max_tokens": 400, "stream": true}'
-curl -sN "localhost:${PORTS[0]}/generate" -d "$body" >"$WORK/stream" &
+curl -sN "localhost:${PORTS[0]}/generate" -H 'Content-Type: application/json' -d "$body" >"$WORK/stream" &
 sleep 1.5
 killed=$(now)
 "${S[@]}" kill -KILL "$(state tinyserve-engine MainPID)"
@@ -118,7 +118,8 @@ done
 wait_ready 30
 echo "ok: hung engine (SIGSTOP) killed by the watchdog and restarted, serving $(since "$stopped") s later"
 
-curl -sN "localhost:${PORTS[1]}/generate" -d '{"prompt": "1, 2, 3,", "max_tokens": 40, "stream": true}' >"$WORK/drain" &
+curl -sN "localhost:${PORTS[1]}/generate" -H 'Content-Type: application/json' \
+    -d '{"prompt": "1, 2, 3,", "max_tokens": 40, "stream": true}' >"$WORK/drain" &
 client=$!
 sleep 0.5
 "${S[@]}" systemctl restart "tinyserve-frontend@${PORTS[1]}" &

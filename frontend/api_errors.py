@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 # Error types (the "type" field); 503 reasons live in tinyserve.protocol (REJECT_*) plus these.
 INVALID_REQUEST = "invalid_request"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # 415: a body that is not said to be JSON
 SERVICE_UNAVAILABLE = "service_unavailable"
 ENGINE_ERROR = "engine_error"
 INTERNAL_ERROR = "internal_error"

@@ -17,7 +17,7 @@ from tinyserve.frontend.openai_api import add_openai_routes
 from tinyserve.frontend.openapi import add_openapi_route
 from tinyserve.frontend.replies import engine_unavailable, native_reply, rejection_error
 from tinyserve.frontend.timelines import add_timeline_route
-from tinyserve.frontend.validation import parse_generate
+from tinyserve.frontend.validation import json_body, parse_generate
 
 
 async def health(request: web.Request) -> web.Response:
@@ -38,7 +38,7 @@ async def ready(request: web.Request) -> web.Response:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     """Generate a completion for one prompt; JSON or SSE as the request asks."""
-    req = parse_generate(await request.read(), request.app[CONFIG])
+    req = parse_generate(await json_body(request), request.app[CONFIG])
     return await pipeline.run(request, req, native_reply)
 
 

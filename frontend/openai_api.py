@@ -18,6 +18,7 @@ from tinyserve.frontend.keys import CHAT_TEMPLATE, CONFIG, LINK, TOKENIZER
 from tinyserve.frontend.openai_replies import CHAT, COMPLETIONS, OpenAIReply, Surface
 from tinyserve.frontend.openai_schema import OpenAIRequest, parse_chat, parse_completion
 from tinyserve.frontend.replies import engine_unavailable
+from tinyserve.frontend.validation import json_body
 
 OWNED_BY = "tinyserve"
 
@@ -32,7 +33,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     """Continue a prompt (a string or token ids); JSON or SSE."""
-    req = parse_completion(await request.read(), request.app[CONFIG])
+    req = parse_completion(await json_body(request), request.app[CONFIG])
     _check_model(request, req.model)
     return await pipeline.run(
         request, req.generate, _reply(request, req, COMPLETIONS), req.prompt_ids
@@ -41,7 +42,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """Answer a conversation, rendered with the model's own chat template; JSON or SSE."""
-    req = parse_chat(await request.read(), request.app[CONFIG])
+    req = parse_chat(await json_body(request), request.app[CONFIG])
     _check_model(request, req.model)
     prompt = request.app[CHAT_TEMPLATE].render(
         req.messages,

@@ -30,7 +30,7 @@ def _message(where: str, item: Any) -> ChatMessage:
     if not isinstance(item, dict):
         raise invalid(f"{where!r} must be an object", where)
     for key, value in item.items():
-        if key not in MESSAGE_FIELDS and not (key in MESSAGE_EMPTY_ONLY and not value):
+        if key not in MESSAGE_FIELDS and not (key in MESSAGE_EMPTY_ONLY and _is_empty(value)):
             raise invalid(f"'{where}.{key}' is not supported", f"{where}.{key}")
     role = _role(f"{where}.role", item.get("role"))
     content = _content(f"{where}.content", item.get("content"), role)
@@ -38,6 +38,11 @@ def _message(where: str, item: Any) -> ChatMessage:
     if name is not None and not isinstance(name, str):
         raise invalid(f"'{where}.name' must be a string", f"{where}.name")
     return ChatMessage(role, content, name)
+
+
+def _is_empty(value: Any) -> bool:
+    # Not any falsy value: 0 and false are not how a client spells "none".
+    return value is None or (type(value) in (str, list, dict) and not value)
 
 
 def _role(where: str, value: Any) -> str:

@@ -14,7 +14,14 @@ from typing import Any
 from aiohttp import web
 
 from tinyserve.frontend.auth import OPEN_PATHS
-from tinyserve.frontend.openapi_schemas import SCHEMAS, Schema, ref
+from tinyserve.frontend.keys import CONFIG
+from tinyserve.frontend.openapi_schemas import (
+    SCHEMAS,
+    Schema,
+    ref,
+    sse_event,
+    with_max_tokens_limit,
+)
 from tinyserve.frontend.timelines import TIMELINE_SCHEMA
 
 OPENAPI_VERSION = "3.1.0"
@@ -37,10 +44,10 @@ class Operation:
     media: str = "application/json"  # of the 200 body
 
 
-_GENERATION_ERRORS = (400, 404, 500, 503)
+_GENERATION_ERRORS = (400, 404, 415, 500, 503)
 OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/generate", "Generate a completion (native API)", "GenerateReply",
-              "GenerateRequest", "GenerateEvent", (400, 500, 503)),
+              "GenerateRequest", "GenerateEvent", (400, 415, 500, 503)),
     Operation("get", "/health", "200 while the process runs", "Status"),
     Operation("get", "/ready", "200 once an engine serves this frontend", "Status",
               errors=(503,)),
@@ -68,6 +75,7 @@ _ERROR_TEXT = {
     401: "no valid API key (only when the server has keys; WWW-Authenticate: Bearer)",
     413: "body over the server's --max-body-bytes",
     404: "unknown model, or no recent request with that id",
+    415: "a Content-Type other than JSON (none at all is taken as JSON)",
     500: "engine or server error",
     503: "overloaded, draining or no engine; retry after Retry-After seconds",
 }
@@ -94,8 +102,9 @@ def document() -> dict[str, Any]:
 
 
 async def openapi_json(request: web.Request) -> web.Response:
-    """This server's OpenAPI document."""
-    return web.json_response(document())
+    """This server's OpenAPI document, with its configured limits."""
+    limit = request.app[CONFIG].max_tokens_limit
+    return web.json_response(with_max_tokens_limit(document(), limit))
 
 
 def add_openapi_route(app: web.Application) -> None:
@@ -107,7 +116,7 @@ def _operation(op: Operation) -> dict[str, Any]:
     ok: dict[str, Schema] = {op.media: {"schema": ref(op.ok)}}
     if op.events is not None:
         # One event's data; a stream is what 'stream': true asks for.
-        ok[SSE] = {"schema": {**ref(op.events), "description": "data of one event"}}
+        ok[SSE] = {"schema": sse_event(op.events, op.error_schema, op.path.startswith("/v1/"))}
     responses: dict[str, Any] = {"200": {"description": "OK", "content": ok}}
     for status in op.errors:
         responses[str(status)] = _error_response(status, op.error_schema)

@@ -11,7 +11,7 @@ from typing import Any
 
 from tinyserve.frontend import openai_schema as oa
 from tinyserve.frontend.chat_template import ROLES
-from tinyserve.frontend.openai_messages import ROLE_ALIASES
+from tinyserve.frontend.openai_messages import MESSAGE_EMPTY_ONLY, ROLE_ALIASES
 from tinyserve.frontend.validation import (
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
@@ -19,6 +19,7 @@ from tinyserve.frontend.validation import (
     PRIORITY_RANGE,
     SEED_MAX,
     TEMPERATURE_MAX,
+    TOP_K_MAX,
 )
 
 Schema = dict[str, Any]
@@ -42,12 +43,13 @@ def _object(properties: dict[str, Schema], required: list[str], closed: bool = T
     }
 
 
+_STOP_STRING = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
 _STOP = {
     "description": f"generation ends before the first of these (at most {MAX_STOP_STRINGS}, "
     f"1 to {MAX_STOP_CHARS} characters each); the stop string is not returned",
     "anyOf": [
-        {"type": "string"},
-        {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP_STRINGS},
+        _STOP_STRING,
+        {"type": "array", "items": _STOP_STRING, "maxItems": MAX_STOP_STRINGS},
         {"type": "null"},
     ],
 }
@@ -58,7 +60,7 @@ SHARED: dict[str, Schema] = {
     "stream": _t(["boolean", "null"], "reply as server-sent events"),
     "temperature": _t(["number", "null"], "0 is greedy", minimum=0, maximum=TEMPERATURE_MAX),
     "top_p": _t(["number", "null"], "nucleus sampling", exclusiveMinimum=0, maximum=1),
-    "top_k": _t(["integer", "null"], "0 disables it", minimum=0),
+    "top_k": _t(["integer", "null"], "0 disables it", minimum=0, maximum=TOP_K_MAX),
     "ignore_eos": _t(["boolean", "null"], "never end at an end-of-generation token"),
     "seed": _t(["integer", "null"], "sampling seed; same seed, same text", minimum=0,
                maximum=SEED_MAX),
@@ -79,7 +81,7 @@ GENERATE_REQUEST = _object(
 
 _OPENAI_COMMON: dict[str, Schema] = {
     **SHARED,
-    "model": _t("string", "the id GET /v1/models lists"),
+    "model": _t("string", "the id GET /v1/models lists", minLength=1),
     "temperature": {**SHARED["temperature"], "default": oa.DEFAULT_TEMPERATURE},
     "n": _t(["integer", "null"], "choices per request: only 1", enum=[1, None]),
     "stream_options": {
@@ -116,31 +118,61 @@ _PROMPT = {
     "anyOf": [
         {"type": "string", "minLength": 1},
         {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
-        {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1,
+         "maxItems": 1},
         {"type": "array", "minItems": 1, "maxItems": 1,
          "items": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
     ],
 }  # fmt: skip
-COMPLETION_REQUEST = _object(
-    {
-        **_OPENAI_COMMON,
-        "prompt": _PROMPT,
-        "logprobs": _LOGPROBS_COUNT,
-        **_not_supported(oa.COMPLETION_DEFAULT_ONLY),
-    },
-    ["model", "prompt"],
-)
+
+
+def _implies(field: str, value: Schema, then: dict[str, Schema], present: bool = True) -> Schema:
+    """A rule across fields: when ``field`` is present and matches ``value``, each field of
+    ``then`` matches its schema (and, with ``present``, must be there)."""
+    return {
+        "if": {"properties": {field: value}, "required": [field]},
+        "then": {"properties": then, "required": list(then) if present else []},
+    }
+
+
+# As OpenAI does: stream_options only with a stream.
+_STREAM_RULE = _implies("stream_options", {"type": "object"}, {"stream": {"const": True}})
+COMPLETION_REQUEST = {
+    **_object(
+        {
+            **_OPENAI_COMMON,
+            "prompt": _PROMPT,
+            "logprobs": _LOGPROBS_COUNT,
+            **_not_supported(oa.COMPLETION_DEFAULT_ONLY),
+        },
+        ["model", "prompt"],
+    ),
+    **_STREAM_RULE,
+}
 
 _TEXT_PART = _object({"type": {"const": "text"}, "text": {"type": "string"}}, ["type", "text"])
-CHAT_MESSAGE = _object(
-    {
-        "role": {"enum": [*ROLES, *ROLE_ALIASES]},
-        "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART},
-                              {"type": "null"}]},
-        "name": {"type": "string"},
-    },
-    ["role"],
-)  # fmt: skip
+_CONTENT: list[Schema] = [{"type": "string"}, {"type": "array", "items": _TEXT_PART, "minItems": 1}]
+_EMPTY_ONLY: dict[str, Schema] = {
+    name: {"description": "not supported: accepted only empty", "enum": [None, "", [], {}]}
+    for name in sorted(MESSAGE_EMPTY_ONLY)
+}
+
+
+def _message(roles: list[str], content: list[Schema], required: list[str]) -> Schema:
+    properties: dict[str, Schema] = {"role": {"enum": roles}, "content": {"anyOf": content},
+                  "name": {"type": ["string", "null"]}, **_EMPTY_ONLY}  # fmt: skip
+    return _object(properties, required)
+
+
+CHAT_MESSAGE = {
+    "description": "content is required, except in an assistant message (null or absent: "
+    "a turn that only called tools)",
+    "anyOf": [
+        _message(["assistant"], [*_CONTENT, {"type": "null"}], ["role"]),
+        _message([r for r in (*ROLES, *ROLE_ALIASES) if r != "assistant"], _CONTENT,
+                 ["role", "content"]),
+    ],
+}  # fmt: skip
 CHAT_REQUEST = _object(
     {
         **_OPENAI_COMMON,
@@ -157,6 +189,14 @@ CHAT_REQUEST = _object(
     },
     ["model", "messages"],
 )  # fmt: skip
+# Not expressible here, checked by the server: max_tokens and max_completion_tokens agree when
+# both are given; continue_final_message needs a final assistant message.
+CHAT_REQUEST["allOf"] = [
+    _STREAM_RULE,
+    _implies("top_logprobs", {"type": "integer"}, {"logprobs": {"const": True}}),
+    _implies("continue_final_message", {"const": True},
+             {"add_generation_prompt": {"enum": [False, None]}}, present=False),
+]  # fmt: skip
 
 # -- replies -------------------------------------------------------------------------------------
 
@@ -181,8 +221,8 @@ GENERATE_REPLY = _object(
         "id": _STR,
         "text": _STR,
         "finish_reason": {"enum": ["stop", "length", "cancelled", "queue_timeout", "timeout"]},
-        "usage": _object({"prompt_tokens": _INT, "completion_tokens": _INT},
-                         ["prompt_tokens", "completion_tokens"]),
+        "usage": _object({"prompt_tokens": _INT, "completion_tokens": _INT, "cached_tokens": _INT},
+                         ["prompt_tokens", "completion_tokens", "cached_tokens"]),
         "timeline": {"type": "object"},
     },
     ["id", "text", "finish_reason", "usage"],
@@ -248,6 +288,46 @@ MODEL_LIST = _object(
     ["object", "data"],
 )
 STATUS = _object({"status": _STR, "model": _STR}, ["status"])
+
+
+def sse_event(data: str, error: str, done: bool) -> Schema:
+    """One server-sent event whose data is a JSON ``data`` object (or ``error`` after a failure
+    mid-stream), and with ``done`` possibly the literal ``[DONE]`` that ends OpenAI streams.
+    Like OpenAPI 3.2's ``itemSchema``: the fields of the event, the data's own schema inside."""
+    json_data = {
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": {"anyOf": [ref(data), ref(error)]},
+    }
+    return _object(
+        {
+            "data": {"anyOf": [json_data, {"const": "[DONE]"}]} if done else json_data,
+            "event": _STR,
+            "id": _STR,
+            "retry": _INT,
+        },
+        ["data"],
+    )
+
+
+# Request fields bounded by --max-tokens-limit, which only the serving node knows.
+_OUTPUT_LENGTHS = {
+    "GenerateRequest": ("max_tokens",),
+    "CompletionRequest": ("max_tokens",),
+    "ChatCompletionRequest": ("max_tokens", "max_completion_tokens"),
+}
+
+
+def with_max_tokens_limit(doc: dict[str, Any], limit: int) -> dict[str, Any]:
+    """``doc`` with a node's ``--max-tokens-limit`` as the maximum of every output length."""
+    schemas = dict(doc["components"]["schemas"])
+    for name, fields in _OUTPUT_LENGTHS.items():
+        properties = dict(schemas[name]["properties"])
+        for field in fields:
+            properties[field] = {**properties[field], "maximum": limit}
+        schemas[name] = {**schemas[name], "properties": properties}
+    return {**doc, "components": {**doc["components"], "schemas": schemas}}
+
 
 SCHEMAS: dict[str, Schema] = {
     "GenerateRequest": GENERATE_REQUEST,

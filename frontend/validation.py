@@ -2,7 +2,8 @@
 
 The rules are the API's contract, so they live here in one place and are tested case by case;
 the ``check_*`` field checkers are shared with the OpenAI surface (``openai_schema``).
-A ``bool`` is never accepted where a number is asked for, although Python treats it as an int.
+A ``bool`` is never accepted where a number is asked for, although Python treats it as an int;
+an integral float (``2.0``) is accepted where an integer is.
 """
 
 from __future__ import annotations
@@ -14,8 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiohttp import hdrs, web
+
 from tinyserve.config import Config
-from tinyserve.frontend.api_errors import invalid, too_long
+from tinyserve.frontend.api_errors import (
+    UNSUPPORTED_MEDIA_TYPE,
+    ApiError,
+    invalid,
+    too_long,
+)
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 64
@@ -23,6 +31,7 @@ PRIORITY_RANGE = (-10, 10)
 TEMPERATURE_MAX = 2.0
 PENALTY_RANGE = (-2.0, 2.0)
 SEED_MAX = 2**32 - 1  # llama.cpp seeds are uint32
+TOP_K_MAX = 2**31 - 1  # llama.cpp's top_k is an int32 (and msgpack stops at 64 bits)
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 FIELDS = frozenset(
@@ -114,15 +123,40 @@ def check_token_ids(prompt_ids: list[int], n_vocab: int) -> None:
         )
 
 
+async def json_body(request: web.Request) -> bytes:
+    """The body of a request that says it is JSON, or says nothing; any other Content-Type is a
+    415. Browsers send forms and text/plain across sites without asking (no CORS preflight), so
+    a JSON-only API refusing them cannot be driven by a page the user happens to visit."""
+    if hdrs.CONTENT_TYPE in request.headers:
+        media = request.content_type.lower()
+        if media != "application/json" and not (
+            media.startswith("application/") and media.endswith("+json")
+        ):
+            message = f"Content-Type must be application/json, not {media!r}"
+            raise ApiError(415, UNSUPPORTED_MEDIA_TYPE, message)
+    return await request.read()
+
+
 def load_object(body: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(body)
+        data = json.loads(body, object_pairs_hook=_unique_keys)
     # RecursionError: a deeply nested body must be a 400, not a crash of the handler.
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise invalid(f"body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise invalid("body must be a JSON object")
     return data
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A key given twice may be read as its first value by a proxy that checked it and as its
+    # last one here (Python's default); refusing the body leaves no such gap (RFC 7493 2.3).
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"duplicate key {key!r}")
+        seen.add(key)
+    return dict(pairs)
 
 
 def optional(
@@ -135,6 +169,10 @@ def optional(
 
 
 def is_int(value: Any) -> bool:
+    # JSON has one number type: 2.0 is the integer 2 (JSON Schema agrees, and so do clients
+    # that compute a count by division). Callers convert with int().
+    if isinstance(value, float):
+        return value.is_integer()
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -193,8 +231,8 @@ def check_top_p(name: str, value: Any) -> float:
 
 
 def check_top_k(name: str, value: Any) -> int:
-    if not is_int(value) or value < 0:
-        raise invalid(f"{name!r} must be an integer >= 0 (0: off)", name)
+    if not is_int(value) or not 0 <= value <= TOP_K_MAX:
+        raise invalid(f"{name!r} must be an integer between 0 (off) and {TOP_K_MAX}", name)
     return int(value)
 
 

@@ -53,8 +53,14 @@ async def test_generate_without_engine_is_503(client: Client) -> None:
 
 
 async def test_bad_input_is_400_even_without_engine(client: Client) -> None:
-    error = await error_of(await client.post("/generate", data=b"{nope"), 400)
+    headers = {"Content-Type": "application/json"}
+    error = await error_of(await client.post("/generate", data=b"{nope", headers=headers), 400)
     assert error["type"] == "invalid_request"
+
+
+async def test_a_body_not_said_to_be_json_is_415(client: Client) -> None:
+    response = await client.post("/generate", data=b'{"prompt": "x"}')  # octet-stream
+    assert (await error_of(response, 415))["type"] == "unsupported_media_type"
 
 
 async def test_aiohttp_errors_have_the_json_shape(client: Client) -> None:
@@ -63,7 +69,7 @@ async def test_aiohttp_errors_have_the_json_shape(client: Client) -> None:
     assert (await error_of(response, 405))["type"] == "method_not_allowed"
     assert "POST" in response.headers["Allow"]
     big = b'{"prompt": "' + b"a" * (2 * 1024 * 1024) + b'"}'
-    too_big = await client.post("/generate", data=big)
+    too_big = await client.post("/generate", data=big, headers={"Content-Type": "application/json"})
     assert (await error_of(too_big, 413))["type"] == "request_too_large"
 
 

@@ -107,7 +107,7 @@ BAD_VALUES = [
     ("max_tokens", 0),
     ("max_tokens", -1),
     ("max_tokens", 513),
-    ("max_tokens", 1.0),
+    ("max_tokens", 1.5),
     ("max_tokens", True),
     ("max_tokens", "5"),
     ("stream", 1),
@@ -123,10 +123,11 @@ BAD_VALUES = [
     ("top_p", False),
     ("top_k", -1),
     ("top_k", 1.5),
+    ("top_k", 2**70),  # once a 500: msgpack cannot pack it
     ("top_k", True),
     ("seed", -1),
     ("seed", 2**32),
-    ("seed", 1.0),
+    ("seed", 1.5),
     ("seed", "1"),
     ("seed", False),
     ("stop", 5),
@@ -137,7 +138,7 @@ BAD_VALUES = [
     ("stop", {"a": 1}),
     ("priority", 11),
     ("priority", -11),
-    ("priority", 1.0),
+    ("priority", 1.5),
     ("priority", True),
     ("tenant", ""),
     ("tenant", "a" * 65),
@@ -163,6 +164,21 @@ def test_non_finite_temperature(literal: bytes) -> None:
 
 def test_stop_surrogate() -> None:
     assert "'stop'" in rejected(b'{"prompt": "x", "stop": ["\\udfff"]}').message
+
+
+def test_duplicate_keys_are_refused() -> None:
+    assert (
+        "duplicate key 'max_tokens'"
+        in rejected(b'{"prompt": "x", "max_tokens": 1, "max_tokens": 2}').message
+    )
+    assert "duplicate key 'a'" in rejected(b'{"prompt": "x", "stop": [{"a": 1, "a": 1}]}').message
+
+
+def test_integral_floats_are_integers() -> None:
+    # JSON (and JSON Schema) has one number type: 2.0 is the integer 2.
+    req = parse({"prompt": "x", "max_tokens": 2.0, "top_k": 3.0, "seed": 0.0, "priority": -1.0})
+    assert (req.max_tokens, req.top_k, req.seed, req.priority) == (2, 3, 0, -1)
+    assert all(type(v) is int for v in (req.max_tokens, req.top_k, req.seed, req.priority))
 
 
 def test_edge_values_accepted() -> None:
