@@ -10,6 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tinyserve_native.board import Board
+
 from .node import Node, sse_events
 
 pytestmark = pytest.mark.integration
@@ -61,6 +63,20 @@ async def timed_stream(
         )
 
 
+async def board_shows(node: Node, running: int, waiting: int) -> None:
+    """Until the engine's board shows these counts (the order requests reached it)."""
+    board = Board.attach(str(node.runtime_dir / "board"))
+    try:
+        for _ in range(1000):
+            snap = board.snapshot()
+            if (snap.running, snap.waiting) == (running, waiting):
+                return
+            await asyncio.sleep(0.005)
+    finally:
+        board.close()
+    raise AssertionError(f"board never showed running={running} waiting={waiting}")
+
+
 async def get_from_other_frontend(url: str, path: str, not_pid: str) -> aiohttp.ClientResponse:
     """GET ``path`` on a fresh connection until a frontend other than ``not_pid`` answers."""
     for _ in range(50):
@@ -77,13 +93,13 @@ async def test_timeline_of_a_request_that_waited_adds_up_to_what_the_client_meas
 ) -> None:
     async with aiohttp.ClientSession() as session:
         ahead = asyncio.create_task(
-            timed_stream(session, node.url, prompt="1, 2, 3, 4, 5,", max_tokens=24, ignore_eos=True)
+            timed_stream(session, node.url, prompt="1, 2, 3, 4, 5,", max_tokens=64, ignore_eos=True)
         )
-        await asyncio.sleep(0.2)  # it holds the only slot
+        await board_shows(node, running=1, waiting=0)  # it holds the only slot
         between = asyncio.create_task(
             timed_stream(session, node.url, prompt="a b c", max_tokens=4, ignore_eos=True)
         )
-        await asyncio.sleep(0.05)  # it waits for the slot too, and will get it first
+        await board_shows(node, running=1, waiting=1)  # it waits too, and will go first
         final, ttft_ms, total_ms, pid = await timed_stream(
             session,
             node.url,
