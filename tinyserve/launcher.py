@@ -162,7 +162,7 @@ def run(config: Config) -> int:
     try:
         prepare_runtime_dir(config.runtime_dir)
     except TinyServeError as exc:
-        log.error("cannot start: %s", exc)
+        log.error("node failed to start: %s", exc)
         return 1
     launcher = Launcher(config)
     signal.signal(signal.SIGINT, launcher.on_signal)

@@ -98,7 +98,7 @@ def test_runtime_dir_and_its_files_are_closed_to_others(node: Node) -> None:
     assert not opened, f"group/other access under umask 0: {opened}"
 
 
-@pytest.mark.parametrize("role", ["engine", "frontend"])
+@pytest.mark.parametrize("role", ["engine", "frontend", "serve"])
 @pytest.mark.parametrize("kind", REFUSALS)
 def test_processes_refuse_an_unsafe_runtime_dir(tmp_path: Path, role: str, kind: str) -> None:
     path = unsafe_dir(tmp_path, kind)
@@ -250,3 +250,11 @@ async def test_a_stalled_reader_is_cancelled_and_its_slot_freed(node: Node) -> N
     await wait_for(lambda: board_counts(node) == (0, 0), 120)
     assert "client stopped reading" in node.log()
     writer.close()
+    async with (
+        aiohttp.ClientSession(headers=AUTH) as session,
+        session.get(f"{node.url}/metrics") as resp,
+    ):
+        metrics = await resp.text()
+    stalled = [line for line in metrics.splitlines() if "client_stalled" in line]
+    print("\n".join(stalled))
+    assert stalled  # the cancel's reason reached the metrics
