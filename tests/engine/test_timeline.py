@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -136,9 +137,29 @@ def test_recent_timelines_are_bounded_and_live_ones_answer(runtime: LlamaRuntime
     for rid in ("t1", "t2", "t3"):
         submit(driver, rid, max_tokens=2)
     driver.step()
-    assert driver.core.timeline_of("t1")["status"] == "running"  # type: ignore[index]
-    assert driver.core.timeline_of("t3")["status"] == "waiting"  # type: ignore[index]
+    assert (driver.core.timeline_of("t1") or {})["status"] == "running"
+    assert (driver.core.timeline_of("t3") or {})["status"] == "waiting"
     driver.run()
     assert driver.core.timeline_of("t1") is None  # the oldest was dropped
     assert driver.core.timeline_of("t3") == timeline(driver, "t3")
     assert driver.core.timeline_of("never-seen") is None
+
+
+def test_scheduling_decisions_are_logged_at_debug_level(
+    runtime: LlamaRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver = make(runtime, slots=1, policy="priority")
+    submit(driver, "one", max_tokens=2)
+    submit(driver, "two", max_tokens=2, priority=3)
+    with caplog.at_level(logging.INFO, logger="tinyserve.engine.core"):
+        driver.run()
+    assert not [r for r in caplog.records if r.getMessage() == "slot granted"]  # off at info
+    submit(driver, "three", max_tokens=2)
+    submit(driver, "four", max_tokens=2, priority=3)
+    with caplog.at_level(logging.DEBUG, logger="tinyserve.engine.core"):
+        driver.run()
+    grants = [r.fields for r in caplog.records if r.getMessage() == "slot granted"]
+    assert [g["request_id"] for g in grants] == ["four", "three"]  # "four" has priority 3
+    assert grants[0]["rule"] == "priority=3" and grants[0]["policy"] == "priority"
+    assert grants[1]["ahead"] == 1 and grants[1]["waiting"] == 0
+    assert {"slot", "waited_ms"} <= set(grants[0])
