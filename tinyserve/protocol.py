@@ -340,7 +340,14 @@ def decode(frame: bytes) -> Message:
     """Parse a frame; raises ``ProtocolError`` for anything that is not a current message."""
     try:
         items = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+    # TypeError: a map whose key is itself a map or a list (unhashable), e.g. b"\x81\x80\x00".
+    except (
+        ValueError,
+        TypeError,
+        msgpack.ExtraData,
+        msgpack.FormatError,
+        msgpack.StackError,
+    ) as exc:
         raise ProtocolError(f"undecodable frame: {exc}") from exc
     if not isinstance(items, list) or len(items) < 2:
         raise ProtocolError("frame is not [version, tag, ...]")

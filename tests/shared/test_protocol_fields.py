@@ -68,6 +68,13 @@ def test_a_wrong_typed_field_is_a_protocol_error(
         p.decode(frame_with(message, path, value))
 
 
+@pytest.mark.parametrize("frame", [b"\x81\x80\x00", b"\x91\x81\x90\x01"])
+def test_a_map_keyed_by_a_map_or_list_is_a_protocol_error(frame: bytes) -> None:
+    # msgpack raises TypeError (unhashable key) for these, not one of its own errors.
+    with pytest.raises(p.ProtocolError):
+        p.decode(frame)
+
+
 def test_whole_numbers_pass_where_floats_are_expected() -> None:
     decoded = p.decode(frame_with(SUBMIT, (5, 0), 1))
     assert isinstance(decoded, p.Submit) and decoded.sampling.temperature == 1
