@@ -28,7 +28,7 @@ from tinyserve.frontend.engine_link import EngineLink
 from tinyserve.frontend.handlers import add_routes
 from tinyserve.frontend.keys import CHAT_TEMPLATE, CLIENT, CONFIG, LINK, TOKENIZER, TRACING
 from tinyserve.frontend.limits import InFlight
-from tinyserve.frontend.meters import METRICS, LinkMeter
+from tinyserve.frontend.meters import METRICS, LinkMeter, http_middleware
 from tinyserve.frontend.tokenizer import Tokenizer
 from tinyserve.logs import fields
 from tinyserve.rundir import prepare_runtime_dir
@@ -42,9 +42,11 @@ def build_app(config: Config, tracing: Tracing | None = None) -> web.Application
     ``TinyServeError`` for an unsafe runtime dir or an unreadable key file."""
     prepare_runtime_dir(config.runtime_dir)
     keys = ApiKeys.of_config(config)
-    # error_middleware outermost: every refusal below gets the same JSON shape as any error;
-    # the key check before the limits, so requests without a key take no in-flight slot.
-    middlewares: list[Middleware] = [error_middleware]
+    process_metrics = metrics.setup(config.runtime_dir, metrics.FRONTEND)  # one per process
+    # Outermost the response counter (it sees the status actually sent), then the error
+    # middleware, so every refusal below gets the same JSON shape as any error; the key check
+    # before the limits, so requests without a key take no in-flight slot.
+    middlewares: list[Middleware] = [http_middleware(process_metrics), error_middleware]
     if keys.enabled:
         middlewares.append(auth_middleware(keys, config))
     middlewares += [InFlight(config.max_connections).middleware(), drain_middleware]
@@ -52,7 +54,7 @@ def build_app(config: Config, tracing: Tracing | None = None) -> web.Application
     app[CONFIG] = config
     app[TRACING] = tracing or Tracing()  # the caller owns it (and flushes it at exit)
     app[DRAIN] = Drain()
-    app[METRICS] = metrics.setup(config.runtime_dir, metrics.FRONTEND)  # one per process
+    app[METRICS] = process_metrics
     app.cleanup_ctx.append(_tokenizer_ctx)
     app.cleanup_ctx.append(_engine_ctx)
     app.on_response_prepare.append(_stamp_frontend)

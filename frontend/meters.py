@@ -16,9 +16,10 @@ from collections.abc import Awaitable, Callable
 from typing import Concatenate, ParamSpec
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from tinyserve import protocol
-from tinyserve.frontend.api_errors import ApiError
+from tinyserve.frontend.api_errors import ApiError, Handler
 from tinyserve.frontend.streams import Finish, Piece
 from tinyserve.metrics import CONTENT_TYPE, Metrics
 from tinyserve.procs import pid_alive
@@ -132,6 +133,32 @@ def metered(serve: Serve[P]) -> Serve[P]:
         return response
 
     return serve_metered
+
+
+UNMATCHED_ROUTE = "unmatched"  # no route (404) or none for the method (405): a bounded label
+
+
+def http_middleware(metrics: Metrics) -> Middleware:
+    """Count every response by route pattern and status: what ``metered`` never sees too
+    (401, 413, 415, unparsable bodies, drain and busy 503s, 404s)."""
+    responses = metrics.counter("tinyserve_http_responses_total")
+
+    @web.middleware
+    async def count_response(request: web.Request, handler: Handler) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else UNMATCHED_ROUTE
+        code = CLIENT_GONE
+        try:
+            response = await handler(request)
+            code = response.status
+            return response
+        except web.HTTPException as exc:  # answered by aiohttp itself (e.g. 405)
+            code = exc.status
+            raise
+        finally:
+            responses.labels(route, str(code)).inc()
+
+    return count_response
 
 
 def count_rejection(metrics: Metrics, reason: str) -> None:

@@ -72,6 +72,9 @@ def _histogram(name: str, help_: str, writer: str, buckets: tuple[float, ...]) -
 
 _ENGINE_GAUGE = "livemostrecent"
 SPECS: tuple[Spec, ...] = (
+    _counter("tinyserve_http_responses_total", "HTTP responses of every route by route "
+             "pattern and status, refusals before the pipeline included (499: client gone)",
+             FRONTEND, "route", "code"),
     # -- requests (frontend: every request that passed input validation)
     _counter("tinyserve_requests_total", "Requests by how they ended: finish_reason and the "
              "HTTP status sent (499: client gone before any)", FRONTEND, "finish_reason", "code"),

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.frontend.harness import MAX_QUEUE, FakeEngine, Tick, accepted, until
 from tinyserve import protocol
+from tinyserve.frontend.meters import UNMATCHED_ROUTE
 
 Client = TestClient[Any, Any]
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -119,3 +120,29 @@ async def test_engine_up_follows_the_heartbeat(served: Client, engine: FakeEngin
         return get(await scrape(served), "tinyserve_engine_up", pid=me) == 0
 
     await until(down, timeout_s=5.0, every_s=0.1)
+
+
+async def test_every_response_is_counted_by_route_and_status(served: Client) -> None:
+    responses = "tinyserve_http_responses_total"
+    before = await scrape(served)
+    assert (await served.post("/generate", json={"prompt": "hi", "max_tokens": 4})).status == 200
+    # Refused before the pipeline: the request counter never sees these.
+    json_type = {"Content-Type": "application/json"}
+    assert (await served.post("/generate", data=b"{not json", headers=json_type)).status == 400
+    assert (
+        await served.post("/generate", data=b"{}", headers={"Content-Type": "text/plain"})
+    ).status == 415
+    assert (await served.get("/generate")).status == 405
+    assert (await served.get("/no/such/path/42")).status == 404
+    assert (await served.get("/v1/requests/abc")).status in {404, 503}
+    after = await scrape(served)
+    assert delta(before, after, responses, route="/generate", code="200") == 1
+    assert delta(before, after, responses, route="/generate", code="400") == 1
+    assert delta(before, after, responses, route="/generate", code="415") == 1
+    assert delta(before, after, responses, route=UNMATCHED_ROUTE, code="405") == 1  # no route
+    assert delta(before, after, responses, route=UNMATCHED_ROUTE, code="404") == 1
+    # A path parameter is counted under its pattern, not the id (a bounded label).
+    by_pattern = [key for key in after if key[0] == responses and "/v1/requests/{" in str(key)]
+    assert by_pattern and not [key for key in after if "abc" in str(key)]
+    # The scrape before the second one counted itself.
+    assert delta(before, after, responses, route="/metrics", code="200") == 1
