@@ -1,9 +1,10 @@
 """HTTP error replies: one JSON shape per API surface, for our errors and aiohttp's own.
 
-A native error body is ``{"error": {"type": ..., "message": ...}}``; a 503 adds ``"reason"``
-inside ``error`` and a ``Retry-After`` header, so a balancer (nginx) can retry elsewhere and a
-client knows when to come back. Under ``/v1/`` the body follows OpenAI's shape instead,
-``{"error": {"message", "type", "param", "code"}}``, with the same status and headers.
+A native error body is ``{"error": {"type": ..., "message": ...}}``; a 503 or 429 adds
+``"reason"`` inside ``error`` and a ``Retry-After`` header, so a balancer (nginx) can retry
+elsewhere and a client knows when to come back. Under ``/v1/`` the body follows OpenAI's
+shape instead, ``{"error": {"message", "type", "param", "code"}}``, with the same status and
+headers.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ INVALID_REQUEST = "invalid_request"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # 415: a body that is not said to be JSON
 SERVICE_UNAVAILABLE = "service_unavailable"
+TOO_MANY_REQUESTS = "too_many_requests"  # 429: this frontend's own limit, not the node's
 ENGINE_ERROR = "engine_error"
 INTERNAL_ERROR = "internal_error"
 REASON_ENGINE_UNAVAILABLE = "engine_unavailable"
@@ -99,6 +101,11 @@ def invalid(message: str, param: str | None = None) -> ApiError:
 def too_long(message: str) -> ApiError:
     """A 400 for a request that can never fit the engine, however long the client waits."""
     return ApiError(400, CONTEXT_LENGTH_EXCEEDED, message)
+
+
+def too_many(reason: str, message: str, retry_after: int) -> ApiError:
+    """A 429: the request was fine, this frontend has as many in progress as it may hold."""
+    return ApiError(429, TOO_MANY_REQUESTS, message, reason=reason, retry_after=retry_after)
 
 
 def unavailable(reason: str, message: str, retry_after: int) -> ApiError:

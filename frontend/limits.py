@@ -3,9 +3,11 @@
 
 aiohttp has no such setting, so a middleware counts requests in progress (idle keep-alive
 connections cost a socket, not a handler, and are not counted). Over the limit a request gets
-503 ``frontend_busy`` with ``Retry-After: 1``, not 429: the limit protects this process, not
-a quota of the client's, and nginx retries a 503 on another frontend or node at once. The
-probes and ``/metrics`` are never counted or refused, so a busy frontend still reports.
+429 ``frontend_busy`` with ``Retry-After: 1``: a 4xx like every exceeded limit, and not the
+node's 503s, since another frontend of the same node may have room; the rendered nginx config
+retries a 429 on the next frontend or node at once (``proxy_next_upstream ... http_429``), and
+the openai client retries it after ``Retry-After``. The probes and ``/metrics`` are never
+counted or refused, so a busy frontend still reports.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from tinyserve.frontend.api_errors import ApiError, Handler, unavailable
+from tinyserve.frontend.api_errors import ApiError, Handler, too_many
 
 PROMPT_TOO_LONG = "prompt_too_long"  # over --max-prompt-tokens, however large the context
 UNCOUNTED = frozenset({"/health", "/ready", "/metrics"})
@@ -47,7 +49,7 @@ class InFlight:
                 return await handler(request)
             if self.limit and self.count >= self.limit:
                 message = f"this frontend is serving its limit of {self.limit} requests"
-                raise unavailable(REASON_FRONTEND_BUSY, message, BUSY_RETRY_AFTER_S)
+                raise too_many(REASON_FRONTEND_BUSY, message, BUSY_RETRY_AFTER_S)
             self.count += 1
             try:
                 return await handler(request)

@@ -44,10 +44,10 @@ class Operation:
     media: str = "application/json"  # of the 200 body
 
 
-_GENERATION_ERRORS = (400, 404, 415, 500, 503)
+_GENERATION_ERRORS = (400, 404, 415, 429, 500, 503)
 OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/generate", "Generate a completion (native API)", "GenerateReply",
-              "GenerateRequest", "GenerateEvent", (400, 415, 500, 503)),
+              "GenerateRequest", "GenerateEvent", (400, 415, 429, 500, 503)),
     Operation("get", "/health", "200 while the process runs", "Status"),
     Operation("get", "/ready", "200 once an engine serves this frontend", "Status",
               errors=(503,)),
@@ -76,6 +76,7 @@ _ERROR_TEXT = {
     413: "body over the server's --max-body-bytes",
     404: "unknown model, or no recent request with that id",
     415: "a Content-Type other than JSON (none at all is taken as JSON)",
+    429: "this frontend is at --max-connections (frontend_busy); retry after Retry-After",
     500: "engine or server error",
     503: "overloaded, draining or no engine; retry after Retry-After seconds",
 }
@@ -142,7 +143,7 @@ def _error_response(status: int, schema: str) -> dict[str, Any]:
         "description": _ERROR_TEXT[status],
         "content": {"application/json": {"schema": ref(schema)}},
     }
-    if status == 503:
+    if status in (429, 503):
         retry = {"schema": {"type": "integer"}, "description": "seconds to wait"}
         response["headers"] = {"Retry-After": retry}
     if status == 401:

@@ -51,7 +51,7 @@ def test_config_streams_retries_and_passes_trace_context() -> None:
         "proxy_http_version 1.1;",
         'proxy_set_header Connection "";',
         "proxy_read_timeout 300s;",
-        "proxy_next_upstream error timeout http_503 non_idempotent;",
+        "proxy_next_upstream error timeout http_503 http_429 non_idempotent;",
         "proxy_next_upstream_tries 2;",
         "client_max_body_size 2m;",
         "proxy_set_header traceparent $http_traceparent;",

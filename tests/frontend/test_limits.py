@@ -108,7 +108,7 @@ async def test_stop_strings_over_the_limits_are_400s(
     assert words in (await openai_error(response, 400))["message"]
 
 
-async def test_requests_over_max_connections_get_a_503_and_probes_still_answer(
+async def test_requests_over_max_connections_get_a_429_and_probes_still_answer(
     served: Client, engine: FakeEngine
 ) -> None:
     release = asyncio.Event()
@@ -121,11 +121,11 @@ async def test_requests_over_max_connections_get_a_503_and_probes_still_answer(
     first.append(asyncio.create_task(served.post("/v1/completions", json=completion())))
     await until(lambda: len(engine.submits) == 2)
     busy = await served.post("/generate", json={"prompt": "Hi"})
-    error = await native_error(busy, 503)
+    error = await native_error(busy, 429)
     assert error["reason"] == "frontend_busy" and "limit of 2" in error["message"]
     assert busy.headers["Retry-After"] == "1"
     busy = await served.post("/v1/completions", json=completion())
-    assert (await openai_error(busy, 503))["code"] == "frontend_busy"
+    assert (await openai_error(busy, 429))["code"] == "frontend_busy"
     for path in ("/health", "/ready"):
         assert (await served.get(path)).status == 200
     for task in first:
