@@ -29,6 +29,9 @@ INTERNAL_ERROR = "internal_error"
 REASON_ENGINE_UNAVAILABLE = "engine_unavailable"
 MODEL_NOT_FOUND = "model_not_found"
 
+# The status recorded (never sent) for a client that closed before its reply: nginx's 499.
+CLIENT_CLOSED = 499
+
 # Paths whose errors take OpenAI's shape.
 OPENAI_PREFIX = "/v1/"
 

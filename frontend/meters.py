@@ -1,8 +1,8 @@
 """The frontend's Prometheus figures and ``GET /metrics``.
 
-- ``RequestMeter``: one per generation request (``metered`` wraps the pipeline and records how
-  it ended), fed every piece of output as the reply takes it (first token, gaps between
-  tokens) and the cancels the pipeline sends.
+- ``RequestMeter``: one per generation request (the pipeline makes it, ``observe`` tells it how
+  the request ended), fed every piece of output as the reply takes it (first token, gaps
+  between tokens) and the cancels the pipeline sends.
 - ``LinkMeter``: engine up/down as this frontend sees the board heartbeat, its open streams,
   and marking a lost engine's process dead so its gauges stop showing.
 - ``GET /metrics``: every process's metrics of this node, merged (text exposition format).
@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from typing import Concatenate, ParamSpec
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from tinyserve import protocol
-from tinyserve.frontend.api_errors import ApiError, Handler
+from tinyserve.frontend.api_errors import CLIENT_CLOSED, Handler
 from tinyserve.frontend.streams import Finish, Piece
 from tinyserve.metrics import CONTENT_TYPE, Metrics
 from tinyserve.procs import pid_alive
 
 METRICS = web.AppKey("metrics", Metrics)
 
-CLIENT_GONE = 499  # nginx's status for a client that closed before the reply was sent
 STAGE = "frontend"
 CANCEL_CLIENT = "client_disconnect"  # the client went away before the end
 CANCEL_ABORT = "frontend_abort"  # the frontend ended it (drain timeout, lost output)
@@ -81,7 +78,7 @@ class RequestMeter:
             return
         self._ended = True
         finish = self._finish
-        status = str(code if code is not None else CLIENT_GONE)
+        status = str(code if code is not None else CLIENT_CLOSED)
         if finish is None:
             reason = self._cancel_reason or _reason_without_finish(code)
             self._m.counter("tinyserve_requests_total").labels(reason, status).inc()
@@ -106,40 +103,13 @@ def _reason_without_finish(code: int | None) -> str:
 
 
 METER = web.RequestKey("request_meter", RequestMeter)
-P = ParamSpec("P")
-Serve = Callable[Concatenate[web.Request, P], Awaitable[web.StreamResponse]]
-
-
-def metered(serve: Serve[P]) -> Serve[P]:
-    """Give each call of ``serve`` a ``RequestMeter`` (``request[METER]``) and record how the
-    request ended: the status of the reply, of the error raised, or none (cancelled)."""
-
-    async def serve_metered(
-        request: web.Request, /, *args: P.args, **kwargs: P.kwargs
-    ) -> web.StreamResponse:
-        meter = request[METER] = RequestMeter(request.app[METRICS])
-        try:
-            response = await serve(request, *args, **kwargs)
-        except ApiError as exc:
-            meter.end(exc.status)
-            raise
-        except asyncio.CancelledError:
-            meter.end(None)
-            raise
-        except Exception:
-            meter.end(500)  # the error middleware answers a bug of ours with a 500
-            raise
-        meter.end(response.status)
-        return response
-
-    return serve_metered
 
 
 UNMATCHED_ROUTE = "unmatched"  # no route (404) or none for the method (405): a bounded label
 
 
 def http_middleware(metrics: Metrics) -> Middleware:
-    """Count every response by route pattern and status: what ``metered`` never sees too
+    """Count every response by route pattern and status: what the pipeline never sees too
     (401, 413, 415, unparsable bodies, drain and busy 503s, 404s)."""
     responses = metrics.counter("tinyserve_http_responses_total")
 
@@ -147,7 +117,7 @@ def http_middleware(metrics: Metrics) -> Middleware:
     async def count_response(request: web.Request, handler: Handler) -> web.StreamResponse:
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else UNMATCHED_ROUTE
-        code = CLIENT_GONE
+        code = CLIENT_CLOSED
         try:
             response = await handler(request)
             code = response.status

@@ -3,8 +3,9 @@
 ``observe`` wraps the pipeline of one request. It starts the request's server span (a child of
 an incoming ``traceparent``, when there is one), hands out child spans for the pipeline's steps
 (admission, streaming), and when the request is over ends the span (error status for a 5xx or
-an engine failure) and writes one log line, ``request finished``, with the fields
-``LOG_FIELDS`` lists. With tracing off no span object is ever made.
+an engine failure), writes one log line, ``request finished``, with the fields ``LOG_FIELDS``
+lists, and tells ``on_end`` (the request's meter) the status. With tracing off no span object
+is ever made.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_
 
 from tinyserve import protocol
 from tinyserve.frontend.admission import Limits, Load, Rejection
-from tinyserve.frontend.api_errors import ApiError
+from tinyserve.frontend.api_errors import CLIENT_CLOSED, ApiError
 from tinyserve.frontend.keys import TRACING
 from tinyserve.frontend.streams import RequestStream
 from tinyserve.frontend.validation import GenerateRequest
@@ -32,8 +33,7 @@ from tinyserve.tracing import extract, inject
 
 log = logging.getLogger("tinyserve.requests")
 
-# Status of a request whose client went away before the reply was complete (nginx's code).
-CLIENT_CLOSED = 499
+CLIENT_CLOSED_ERROR = "client_closed"
 LOG_FIELDS = (
     "request_id", "route", "tenant", "priority", "status", "finish_reason", "error",
     "prompt_tokens", "cached_tokens", "generated_tokens", "queue_ms", "ttft_ms", "total_ms",
@@ -121,8 +121,11 @@ class Observation:
 
 
 @contextlib.contextmanager
-def observe(request: web.Request, req: GenerateRequest) -> Iterator[Observation]:
-    """Span and log line of one request around the pipeline that serves it."""
+def observe(
+    request: web.Request, req: GenerateRequest, on_end: Callable[[int | None], None]
+) -> Iterator[Observation]:
+    """Span and log line of one request around the pipeline that serves it; ``on_end`` gets
+    the HTTP status sent, or None when the client went away first."""
     route = request.match_info.route.resource
     obs = Observation(
         uuid.uuid4().hex,
@@ -144,7 +147,7 @@ def observe(request: web.Request, req: GenerateRequest) -> Iterator[Observation]
         obs.status, obs.error = exc.status, exc.reason or exc.type
         raise
     except asyncio.CancelledError:
-        obs.status, obs.error = CLIENT_CLOSED, "client_closed"
+        obs.status, obs.error = CLIENT_CLOSED, CLIENT_CLOSED_ERROR
         raise
     except Exception:
         obs.status, obs.error = 500, "internal_error"
@@ -154,6 +157,7 @@ def observe(request: web.Request, req: GenerateRequest) -> Iterator[Observation]
         log.info("request finished", extra=fields(**line))
         if obs.span is not None:
             _end_span(obs.span, line)
+        on_end(None if obs.error == CLIENT_CLOSED_ERROR else obs.status)
 
 
 def _end_span(span: Span, line: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ from tinyserve.frontend.backpressure import ClientStalled, drop_connection
 from tinyserve.frontend.engine_client import EngineUnreachable
 from tinyserve.frontend.keys import CLIENT, CONFIG, LINK, TOKENIZER
 from tinyserve.frontend.limits import check_prompt_limit
-from tinyserve.frontend.meters import METER, METRICS, count_rejection, metered
+from tinyserve.frontend.meters import METER, METRICS, RequestMeter, count_rejection
 from tinyserve.frontend.observe import Observation, observe
 from tinyserve.frontend.replies import (
     Reply,
@@ -38,16 +38,16 @@ from tinyserve.logs import fields
 log = logging.getLogger(__name__)
 
 
-@metered
 async def run(
     request: web.Request,
     req: GenerateRequest,
     reply: Reply,
     prompt_ids: list[int] | None = None,
 ) -> web.StreamResponse:
-    """Serve ``req`` (its prompt tokenized here unless ``prompt_ids`` are given); its span
-    and its ``request finished`` log line come from ``observe``."""
-    with observe(request, req) as obs:
+    """Serve ``req`` (its prompt tokenized here unless ``prompt_ids`` are given); its span,
+    its ``request finished`` log line and its metrics' outcome come from ``observe``."""
+    meter = request[METER] = RequestMeter(request.app[METRICS])
+    with observe(request, req, meter.end) as obs:
         response = await _run(request, req, reply, prompt_ids, obs)
         obs.status = response.status
         return response
