@@ -114,7 +114,7 @@ class EngineCore:
         self._arrivals += 1
         blocks = hit.block_ids + self.blocks.allocate(own)
         now = self.clock()
-        seq = Sequence(request, blocks, self._arrivals, now, hit=hit, policy_name=self.policy.name)
+        seq = Sequence(request, blocks, self._arrivals, hit=hit, policy_name=self.policy.name)
         seq.timeline.accept(self.tick, now, own, self._grants, len(self.running), len(self.policy))
         self.by_id[request.request_id] = seq
         self.policy.add(seq)
@@ -195,7 +195,7 @@ class EngineCore:
             seq = self.policy.pop_next()
             if seq is None:
                 return
-            seq.status, seq.slot, seq.slot_ns = Status.PREFILL, slot, now
+            seq.status, seq.slot = Status.PREFILL, slot
             self.slots[slot] = seq
             self.running.append(seq)
             self.samplers[slot] = self.runtime.new_sampler(seq.request.sampling)
@@ -221,7 +221,7 @@ class EngineCore:
                 policy=self.policy.name,
                 rule=rule,
                 ahead=seq.timeline.slot[4],
-                waited_ms=round((seq.slot_ns - seq.accepted_ns) / 1e6, 3),
+                waited_ms=seq.timeline.wait_ms(),
                 waiting=len(self.policy),
             ),
         )
@@ -275,7 +275,7 @@ class EngineCore:
             if item.row < 0:
                 continue
             if seq.status is Status.PREFILL:
-                seq.status, seq.first_token_ns = Status.DECODE, now
+                seq.status = Status.DECODE
                 seq.timeline.first_token(now)
             self._accept_token(seq, item.row)
 

@@ -25,7 +25,6 @@ class Sequence:
     request: Submit
     blocks: list[int]
     order: int  # arrival order at the engine, the FIFO tie-breaker
-    accepted_ns: int
     status: Status = Status.WAITING
     slot: int = -1
     n_past: int = 0  # tokens of this sequence already in the KV cache
@@ -34,8 +33,6 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     hit: Hit = NO_HIT  # prefix-cache blocks reused: the first entries of ``blocks``
     stops: StopMatcher = field(init=False)
-    slot_ns: int = 0
-    first_token_ns: int = 0
     timeline: Timeline = field(init=False)
     policy_name: str = ""
 

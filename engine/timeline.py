@@ -96,6 +96,12 @@ class Timeline:
     def since_arrival(self, ns: int) -> float:
         return _ms(ns - self.request.arrival_ns)
 
+    def wait_ms(self) -> float | None:
+        """Acceptance to slot grant; None while it waits (or if it never got a slot)."""
+        if self.accepted is None or self.slot is None:
+            return None
+        return _ms(self.slot[1] - self.accepted[1])
+
     def to_dict(self) -> dict[str, Any]:
         """The timeline as the API returns it (times in ms since the frontend's arrival)."""
         req = self.request
@@ -151,10 +157,10 @@ class Timeline:
     def _queue_dict(self) -> dict[str, Any] | None:
         if self.accepted is None:
             return None
-        queue: dict[str, Any] = {"policy": self.policy, "wait_ms": None, "ahead": None}
+        queue: dict[str, Any] = {"policy": self.policy, "wait_ms": self.wait_ms(), "ahead": None}
         if self.slot is not None:
-            _, slot_ns, _, rule, ahead = self.slot
-            queue.update(wait_ms=_ms(slot_ns - self.accepted[1]), ahead=ahead, rule=rule)
+            _, _, _, rule, ahead = self.slot
+            queue.update(ahead=ahead, rule=rule)
         return queue
 
     def _slot_dict(self) -> dict[str, Any] | None:

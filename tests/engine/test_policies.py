@@ -18,7 +18,7 @@ _order = itertools.count(1)
 def seq(tenant: str = "default", priority: int = 0, tokens: int = 100) -> Sequence:
     n = next(_order)
     request = Submit(f"r{n}", "f" * 32, [1] * 10, SamplingParams(), tokens, priority, tenant)
-    return Sequence(request, [], n, 0)
+    return Sequence(request, [], n)
 
 
 def admit(policy: Policy) -> Sequence | None:
