@@ -101,7 +101,7 @@ class RequestStream:
             self.engine_finished = self._closed = True
             self.finish = _finish_of(update)
             if not self.accepted:
-                self._early_finish = _finish_of(update)
+                self._early_finish = self.finish
         if self._merged is None:
             self._merged = _Merged()
         self._merged.add(update)
