@@ -211,11 +211,8 @@ class EngineProcess:
             self._dropped.warning("dropped unexpected message", type=type(message).__name__)
 
     def _answer_timeline_query(self, query: TimelineQuery) -> None:
-        fid, rid = query.frontend_id, query.request_id
-        if not (isinstance(fid, str) and fid.isascii() and isinstance(rid, str)):
-            log.warning("dropped malformed timeline query")
-            return
-        reply = TimelineReply(fid, query.query_id, self.core.timeline_of(rid))
+        fid = query.frontend_id  # decode checked its type and that it is a topic
+        reply = TimelineReply(fid, query.query_id, self.core.timeline_of(query.request_id))
         self.outbox.send_multipart([topic(fid), encode(reply)])
 
     def _greet(self, hello: Hello) -> None:

@@ -101,6 +101,10 @@ def _check_types(cls: type[Message], values: dict[str, Any]) -> None:
     for name, value in values.items():
         if name in checks and not checks[name](value):
             raise ProtocolError(f"{cls.__name__}.{name}: wrong type {type(value).__name__}")
+    # Every reply to a frontend goes out under topic(frontend_id), which must encode.
+    frontend_id = values.get("frontend_id")
+    if frontend_id is not None and not frontend_id.isascii():
+        raise ProtocolError(f"{cls.__name__}.frontend_id: not ASCII, so not a topic")
 
 
 _CHECKS: dict[type[Message], dict[str, Callable[[Any], bool]]] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import msgpack
 import pytest
@@ -100,6 +101,14 @@ def test_malformed_frames_raise_protocol_error(frame: bytes) -> None:
 @given(st.binary(max_size=64))
 def test_random_bytes_never_escape_as_other_errors(frame: bytes) -> None:
     with contextlib.suppress(p.ProtocolError):
+        p.decode(frame)
+
+
+@pytest.mark.parametrize("message", SAMPLES, ids=lambda m: type(m).__name__)
+def test_a_frontend_id_that_is_no_topic_is_rejected(message: p.Message) -> None:
+    # Before this check a Hello with such an id reached topic() and killed the engine loop.
+    frame = p.encode(dataclasses.replace(message, frontend_id="é" * 32))  # type: ignore[call-arg]
+    with pytest.raises(p.ProtocolError, match="frontend_id"):
         p.decode(frame)
 
 
