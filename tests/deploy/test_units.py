@@ -19,7 +19,7 @@ TARGET = "tinyserve.target"
 INSTALLED_BINARY = "/opt/tinyserve/venv/bin/tinyserve"
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(
-    SYSTEMD_ANALYZE is None, reason="systemd-analyze not installed (make setup installs it)"
+    SYSTEMD_ANALYZE is None, reason="systemd-analyze not installed (make test installs it)"
 )
 
 

@@ -23,7 +23,7 @@ from tests.integration.units import TimedStream, UnitNode, post_json, timed_stre
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(find_nginx() is None, reason="nginx not installed (make setup installs it)"),
+    pytest.mark.skipif(find_nginx() is None, reason="nginx not installed (make test installs it)"),
 ]
 
 COUNTING = "1, 2, 3, 4, 5,"  # with ignore_eos below: only max_tokens ends these
