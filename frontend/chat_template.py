@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, NoReturn
 
@@ -19,13 +21,15 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from tinyserve.frontend.api_errors import invalid
-from tinyserve.frontend.tokenizer import VocabFacts
+from tinyserve.frontend.tokenizer import ChatPrompt, PromptPart, VocabFacts
 
 log = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")
-# Marks where the final message's content goes when a reply continues it; no text has it.
-_CONTINUE_MARK = "\x00tinyserve-continue\x00"
+# Stands in for the k-th text a client wrote (a content or a name) in a second render that
+# holds no client text at all, so every mark found in it is ours (see ``_fill``).
+_MARK = "\x00tinyserve-text-{}\x00"
+_MARK_PATTERN = re.compile("\x00tinyserve-text-(\\d+)\x00")
 # What a template's own errors may raise besides jinja2's errors: it is code we did not write.
 _RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, LookupError)
 
@@ -100,21 +104,31 @@ class ChatTemplate:
         *,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
-    ) -> str:
-        """The prompt text for ``messages``: with the assistant's header appended
+    ) -> ChatPrompt:
+        """The prompt for ``messages``: with the assistant's header appended
         (``add_generation_prompt``), or open at the end of the final (assistant) message so the
         reply continues it. Raises a 400 ``ApiError`` when the template refuses the messages."""
         if self._template is None:
             raise invalid(f"chat completions are not available: {self.problem}", "messages")
-        if not continue_final_message:
-            return self._render(messages, add_generation_prompt)
-        last = messages[-1]
-        marked = [*messages[:-1], ChatMessage(last.role, _CONTINUE_MARK, last.name)]
-        rendered = self._render(marked, False)
-        head, found, _ = rendered.partition(_CONTINUE_MARK)
-        if not found:
-            raise invalid("the chat template drops the final message; cannot continue it")
-        return head + last.content
+        add_header = add_generation_prompt and not continue_final_message
+        texts, marked_messages = _marked(messages)
+        marked = self._render(marked_messages, add_header)
+        if continue_final_message:
+            # The final message's content: the last mark, or the one before its name's.
+            final_mark = _MARK.format(len(texts) - (1 if messages[-1].name is None else 2))
+            head, found, _ = marked.partition(final_mark)
+            if not found:
+                raise invalid("the chat template drops the final message; cannot continue it")
+            marked = head + final_mark
+        real = self._render(messages, add_header)
+        for rendered_text in (_verbatim, _stripped):
+            parts = _fill(marked, texts, rendered_text)
+            text = "".join(part.text for part in parts)
+            if text == real or (continue_final_message and real.startswith(text)):
+                return ChatPrompt(parts)
+        # The template rewrites what clients wrote: keep its output, have the texts checked.
+        whole = "".join(p.text for p in _fill(marked, texts, _verbatim))
+        return ChatPrompt((PromptPart(whole if continue_final_message else real, True),), texts)
 
     def _render(self, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
         assert self._template is not None
@@ -127,3 +141,40 @@ class ChatTemplate:
             )
         except _RENDER_ERRORS as exc:
             raise invalid(f"the chat template refused the messages: {exc}", "messages") from exc
+
+
+def _marked(messages: list[ChatMessage]) -> tuple[tuple[str, ...], list[ChatMessage]]:
+    """The texts clients wrote (contents and names, in order), and the messages with a mark
+    standing in for each of them."""
+    texts: list[str] = []
+
+    def mark(text: str) -> str:
+        texts.append(text)
+        return _MARK.format(len(texts) - 1)
+
+    marked = [
+        replace(m, content=mark(m.content), name=None if m.name is None else mark(m.name))
+        for m in messages
+    ]
+    return tuple(texts), marked
+
+
+def _verbatim(text: str) -> str:
+    return text
+
+
+def _stripped(text: str) -> str:
+    return text.strip()  # templates that ``| trim`` contents (Llama 3's, among others)
+
+
+def _fill(
+    marked: str, texts: tuple[str, ...], rendered_text: Callable[[str], str]
+) -> tuple[PromptPart, ...]:
+    """``marked`` cut at its marks: markup between them, the client's text in their place."""
+    pieces = _MARK_PATTERN.split(marked)  # markup, index, markup, index, ..., markup
+    parts = []
+    for i, piece in enumerate(pieces):
+        text = rendered_text(texts[int(piece)]) if i % 2 else piece
+        if text:
+            parts.append(PromptPart(text, markup=not i % 2))
+    return tuple(parts)

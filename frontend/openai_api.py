@@ -44,13 +44,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     """Answer a conversation, rendered with the model's own chat template; JSON or SSE."""
     req = parse_chat(await json_body(request), request.app[CONFIG])
     _check_model(request, req.model)
-    prompt = request.app[CHAT_TEMPLATE].render(
+    chat = request.app[CHAT_TEMPLATE].render(
         req.messages,
         add_generation_prompt=req.add_generation_prompt,
         continue_final_message=req.continue_final_message,
     )
-    generate = dataclasses.replace(req.generate, prompt=prompt)
-    return await pipeline.run(request, generate, _reply(request, req, CHAT))
+    # Tokenized here, in parts: the messages' text must never become control tokens.
+    prompt_ids = await request.app[TOKENIZER].tokenize_chat(chat)
+    generate = dataclasses.replace(req.generate, prompt=chat.text)
+    return await pipeline.run(request, generate, _reply(request, req, CHAT), prompt_ids)
 
 
 def add_openai_routes(app: web.Application) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import llama_cpp
 
 from tinyserve.config import Config
+from tinyserve.frontend.api_errors import invalid
 from tinyserve.logs import fields
 from tinyserve.model import resolve_model_path
 
@@ -34,6 +35,33 @@ class VocabFacts:
     bos_text: str
     eos_text: str
     adds_bos: bool  # tokenizing prepends BOS (the model's add_bos_token)
+
+
+@dataclass(frozen=True)
+class PromptPart:
+    """A run of a rendered prompt: the template's own ``markup`` (its control tokens are
+    meant), or text a client wrote (tokenized as plain text, whatever it spells)."""
+
+    text: str
+    markup: bool
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A rendered conversation, kept in parts so that a message can never smuggle the model's
+    control tokens (``<|im_start|>``…) into the prompt: only markup parts are parsed for them.
+
+    When a template alters the messages' text beyond trimming it (so the parts cannot be told
+    apart), the whole prompt is one markup part and ``unseparated`` holds the client texts,
+    which the tokenizer then refuses if they spell any control token.
+    """
+
+    parts: tuple[PromptPart, ...]
+    unseparated: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return "".join(part.text for part in self.parts)
 
 
 class Tokenizer:
@@ -68,6 +96,12 @@ class Tokenizer:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._tokenize, text)
 
+    async def tokenize_chat(self, prompt: ChatPrompt) -> list[int]:
+        """Token ids of a rendered conversation: control tokens only from the template's
+        markup, the messages' text as plain text (a 400 if that cannot be guaranteed)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._tokenize_chat, prompt)
+
     async def token_pieces(self, token_ids: list[int]) -> list[bytes]:
         """The bytes of each token on its own, special tokens spelled out (for logprobs)."""
         loop = asyncio.get_running_loop()
@@ -79,7 +113,25 @@ class Tokenizer:
         self._llama.close()
 
     def _tokenize(self, text: str) -> list[int]:
-        ids = list(self._llama.tokenize(text.encode("utf-8"), add_bos=True, special=True))
+        return self._one_bos(self._ids(text, add_bos=True, special=True))
+
+    def _tokenize_chat(self, prompt: ChatPrompt) -> list[int]:
+        for text in prompt.unseparated:
+            if self._ids(text, add_bos=False, special=True) != self._ids(text, False, False):
+                raise invalid(
+                    "a message spells one of the model's control tokens, and this model's chat "
+                    "template alters message text, so it cannot be kept plain text",
+                    "messages",
+                )
+        ids: list[int] = []
+        for part in prompt.parts:
+            ids += self._ids(part.text, add_bos=not ids, special=part.markup)
+        return self._one_bos(ids)
+
+    def _ids(self, text: str, add_bos: bool, special: bool) -> list[int]:
+        return list(self._llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
+
+    def _one_bos(self, ids: list[int]) -> list[int]:
         # A chat template that writes its own BOS, on a model whose tokenizer adds one too:
         # two BOS tokens put the model off, so keep one.
         if self.facts.adds_bos and ids[:2] == [self._bos, self._bos]:
