@@ -16,7 +16,7 @@ from types import FrameType
 import zmq
 
 from tinyserve import metrics
-from tinyserve.config import Config, notify_socket, watchdog_interval_s
+from tinyserve.config import ENGINE, Config, notify_socket, watchdog_interval_s
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.meters import EngineMeter
 from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
@@ -24,6 +24,7 @@ from tinyserve.engine.spans import SpanRecorder
 from tinyserve.errors import TinyServeError
 from tinyserve.logs import RateLimitedLog, fields, setup_logging
 from tinyserve.model import model_name
+from tinyserve.ownership import join_node
 from tinyserve.procs import pid_alive
 from tinyserve.protocol import (
     FINISH_ERROR,
@@ -46,7 +47,7 @@ from tinyserve.rundir import prepare_runtime_dir, remove_quietly
 from tinyserve.sdnotify import Notifier
 from tinyserve.tracing import Tracing
 from tinyserve.tracing import from_config as tracing_from_config
-from tinyserve_native.board import Board, BoardError
+from tinyserve_native.board import Board
 
 log = logging.getLogger(__name__)
 
@@ -296,21 +297,6 @@ def submit_fault(submit: Submit, n_vocab: int) -> str:
     return ""
 
 
-def _refuse_if_engine_running(board_path: str) -> None:
-    try:
-        board = Board.attach(board_path)
-    except BoardError:
-        return
-    try:
-        pid = board.snapshot().pid
-    except BoardError:
-        return  # an engine died mid-write: the board is stale, not in use
-    finally:
-        board.close()
-    if pid and pid != os.getpid() and pid_alive(pid):
-        raise TinyServeError(f"another engine (pid {pid}) is serving from {board_path}")
-
-
 def run(config: Config) -> int:
     """Entry point of ``tinyserve engine``."""
     setup_logging(config, "engine")
@@ -319,8 +305,22 @@ def run(config: Config) -> int:
     os.umask(0o077)
     try:
         prepare_runtime_dir(config.runtime_dir)
+        # Before anything in the runtime dir is touched: a live node's engine (or a launcher
+        # that is not our parent) owns it, and its metrics and board must stay as they are.
+        lock = join_node(config, ENGINE)
+    except TinyServeError as exc:
+        log.error("engine failed to start: %s", exc)
+        return 1
+    try:
+        return _run_engine(config)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_engine(config: Config) -> int:
+    try:
         metrics.setup(config.runtime_dir, metrics.ENGINE)  # before any metric value exists
-        _refuse_if_engine_running(config.board_path)
         engine = EngineProcess(config)
     except TinyServeError as exc:
         log.error("engine failed to start: %s", exc)

@@ -14,12 +14,14 @@ import signal
 from aiohttp import web
 
 from tinyserve import metrics
-from tinyserve.config import Config, notify_socket
+from tinyserve.config import FRONTEND, Config, notify_socket
 from tinyserve.errors import TinyServeError
 from tinyserve.frontend.app import build_app
 from tinyserve.frontend.drain import drain_app
 from tinyserve.frontend.keys import LINK
 from tinyserve.logs import fields, setup_logging
+from tinyserve.ownership import join_node
+from tinyserve.rundir import prepare_runtime_dir
 from tinyserve.sdnotify import Notifier
 from tinyserve.tracing import from_config as tracing_from_config
 
@@ -34,6 +36,10 @@ def run(config: Config) -> int:
     setup_logging(config, "frontend")
     os.umask(0o077)  # what we create (sockets, files) is ours alone, as the engine's is
     try:
+        prepare_runtime_dir(config.runtime_dir)
+        # Before anything in the runtime dir is touched, and before we share a port: a
+        # runtime dir or a port owned by another node is refused (see tinyserve.ownership).
+        node_lock = join_node(config, FRONTEND)
         # Before any metric value exists (see metrics.setup).
         process_metrics = metrics.setup(config.runtime_dir, metrics.FRONTEND)
         tracing = tracing_from_config(config, "frontend")
@@ -46,6 +52,8 @@ def run(config: Config) -> int:
     finally:
         tracing.shutdown()  # exports the spans still buffered
         process_metrics.forget_process(os.getpid())  # our gauges go; our counters stay
+        if node_lock is not None:
+            node_lock.release()
 
 
 async def _serve(config: Config, app: web.Application) -> int:

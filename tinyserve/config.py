@@ -153,6 +153,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("write_timeout", _nnfloat, 30.0, "seconds a stalled client may block (0: none)", _FE),
     # launcher
     Option("frontends", _pint, 2, "frontend processes to start", _SRV),
+    Option("restart_limit", _nnint, 5, "restarts of a process per --restart-interval", _SRV),
+    Option("restart_interval", _positive(float), 120.0, "seconds --restart-limit spans", _SRV),
 )
 
 OPTION_BY_NAME = {opt.name: opt for opt in OPTIONS}
@@ -182,6 +184,8 @@ class Config:
     default_max_tokens: int
     ready_timeout: int
     frontends: int
+    restart_limit: int
+    restart_interval: float
     policy: str
     prefix_cache: bool
     cache_seqs: int

@@ -1,9 +1,15 @@
-"""``tinyserve serve``: one engine and N frontends on this machine, started and stopped as one.
+"""``tinyserve serve``: one engine and N frontends on this machine, supervised as one node.
 
-Each child reports readiness with the sd_notify protocol on a socket of its own, exactly as it
-would to systemd. On Ctrl-C/SIGTERM the frontends stop first (they drain their streams while
-the engine still runs), then the engine. If a child dies, the launcher says which and why and
-stops the rest.
+Before touching anything in the runtime dir, the launcher claims it and the port
+(``ownership.claim_node``): a second node over a live one refuses to start instead of
+unlinking its sockets or metrics. Each child reports readiness with the sd_notify protocol
+on a socket of its own, exactly as it would to systemd.
+
+A child that dies while the node runs is restarted after a back-off (``RestartPolicy``);
+one that dies too often, or during the node's first start, stops the node. On
+Ctrl-C/SIGTERM the frontends stop first (they drain their streams while the engine still
+runs), then the engine. Should the launcher itself die, even by SIGKILL, the kernel sends
+every child SIGTERM (``procs.die_with_parent``), so they drain and exit too.
 """
 
 from __future__ import annotations
@@ -12,67 +18,28 @@ import logging
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from types import FrameType
 
 from tinyserve.config import ENGINE, FRONTEND, Config, notify_socket
 from tinyserve.errors import TinyServeError
 from tinyserve.logs import setup_logging
 from tinyserve.metrics import remove_metrics_dir
-from tinyserve.rundir import prepare_runtime_dir, remove_quietly
+from tinyserve.ownership import claim_node
+from tinyserve.rundir import prepare_runtime_dir
 from tinyserve.sdnotify import Notifier
+from tinyserve.supervisor import Child, RestartPolicy
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 5.0
+POLL_S = 0.2
 
 
-@dataclass
-class Child:
-    """One supervised process and the notify socket it reports READY=1 on."""
-
-    name: str
-    argv: list[str]
-    notify_path: str
-    secret_env: dict[str, str] = field(default_factory=dict)  # kept off the command line
-    process: subprocess.Popen[bytes] | None = None
-    notify: socket.socket = field(init=False)
-
-    def __post_init__(self) -> None:
-        remove_quietly(self.notify_path)
-        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        self.notify.bind(self.notify_path)
-
-    def start(self) -> None:
-        env = dict(os.environ, **self.secret_env, NOTIFY_SOCKET=self.notify_path)
-        # A session of its own: a terminal's Ctrl-C reaches only us, and we stop the
-        # children in order instead of all at once.
-        self.process = subprocess.Popen(self.argv, env=env, start_new_session=True)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid if self.process else 0
-
-    def exit_description(self) -> str | None:
-        """None while running, else how it ended, in words."""
-        code = self.process.poll() if self.process else None
-        if code is None:
-            return None
-        if code < 0:
-            return f"killed by {signal.Signals(-code).name}"
-        return f"exited with status {code}"
-
-    def close(self) -> None:
-        self.notify.close()
-        remove_quietly(self.notify_path)
-
-
-class ChildDied(Exception):
-    """A child ended while the node was supposed to be running."""
+class NodeFailed(Exception):
+    """The node cannot go on: a child failed to start, or died too often."""
 
 
 class Launcher:
@@ -85,16 +52,21 @@ class Launcher:
             "engine",
             [*python, ENGINE, *config.flags_for(ENGINE)],
             os.path.join(run, "notify-engine"),
+            self._policy(),
         )
         self.frontends = [
             Child(
                 f"frontend {i}",
                 [*python, FRONTEND, *config.flags_for(FRONTEND)],
                 os.path.join(run, f"notify-frontend-{i}"),
+                self._policy(),
                 config.secret_env_for(FRONTEND),
             )
             for i in range(config.frontends)
         ]
+
+    def _policy(self) -> RestartPolicy:
+        return RestartPolicy(self.config.restart_limit, self.config.restart_interval)
 
     @property
     def children(self) -> list[Child]:
@@ -103,7 +75,11 @@ class Launcher:
     def on_signal(self, _signum: int, _frame: FrameType | None) -> None:
         self.stop_requested = True
 
+    # -- first start: any death stops the node ----------------------------------------------
+
     def start(self) -> None:
+        for child in self.children:
+            child.open_notify()
         self.engine.start()
         self._wait_ready([self.engine])
         for child in self.frontends:
@@ -111,31 +87,62 @@ class Launcher:
         self._wait_ready(self.frontends)
 
     def _wait_ready(self, children: list[Child]) -> None:
-        pending = {c.notify.fileno(): c for c in children}
+        pending = list(children)
         while pending and not self.stop_requested:
-            readable, _, _ = select.select(list(pending), [], [], 0.2)
-            for fd in readable:
-                child = pending[fd]
-                if b"READY=1" in child.notify.recv(4096).split(b"\n"):
-                    log.info("%s ready (pid %d)", child.name, child.pid)
-                    del pending[fd]
-            self._check_alive()
+            self._wait_for_notifications(pending)
+            for child in [c for c in pending if c.take_ready()]:
+                log.info("%s ready (pid %d)", child.name, child.pid)
+                pending.remove(child)
+            for child in self.children:
+                ended = child.exit_description()
+                if ended is not None:
+                    raise NodeFailed(
+                        f"node failed to start: {child.name} (pid {child.pid}) {ended}"
+                    )
 
-    def _check_alive(self) -> None:
-        for child in self.children:
-            ended = child.exit_description()
-            if ended is not None:
-                raise ChildDied(f"{child.name} (pid {child.pid}) {ended}")
+    def _wait_for_notifications(self, children: list[Child]) -> None:
+        sockets = [c.notify for c in children if c.notify is not None]
+        select.select(sockets, [], [], POLL_S)
+
+    # -- running: restart what dies ----------------------------------------------------------
 
     def supervise(self) -> None:
         while not self.stop_requested:
-            time.sleep(0.2)
-            self._check_alive()
+            self._wait_for_notifications(self.children)
+            now = time.monotonic()
+            for child in self.children:
+                if child.take_ready():
+                    log.info("%s ready (pid %d)", child.name, child.pid)
+                self._tend(child, now)
+
+    def _tend(self, child: Child, now: float) -> None:
+        """Restart ``child`` when its back-off is over; notice its death."""
+        if child.restart_at is not None:
+            if now >= child.restart_at and not self.stop_requested:
+                child.start()
+                log.info("%s restarted (pid %d)", child.name, child.pid)
+            return
+        ended = child.exit_description()
+        if ended is None or self.stop_requested:
+            return
+        what = f"{child.name} (pid {child.pid}) {ended}"
+        delay = child.policy.on_death(now)
+        if delay is None:
+            deaths = child.policy.recent_deaths
+            times = "once" if deaths == 1 else f"{deaths} times"
+            raise NodeFailed(
+                f"{what}; it died {times} within {child.policy.interval_s:g} s "
+                f"(--restart-limit {child.policy.limit})"
+            )
+        log.error("%s; restarting it in %.1f s", what, delay)
+        child.restart_at = now + delay
+
+    # -- stop --------------------------------------------------------------------------------
 
     def stop(self) -> None:
         """Frontends first, then the engine; anything still alive after the grace is killed."""
         for group in (self.frontends, [self.engine]):
-            running = [c for c in group if c.process and c.process.poll() is None]
+            running = [c for c in group if c.running]
             for child in running:
                 child.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
             deadline = time.monotonic() + self.config.drain_timeout + STOP_GRACE_S
@@ -161,13 +168,23 @@ def run(config: Config) -> int:
     os.umask(0o077)  # notify sockets, and the children inherit it
     try:
         prepare_runtime_dir(config.runtime_dir)
+        lock = claim_node(config)  # before anything in the runtime dir is touched
     except TinyServeError as exc:
         log.error("node failed to start: %s", exc)
         return 1
-    launcher = Launcher(config)
+    try:
+        # Counters start from zero with each node; a launcher killed by SIGKILL left its own.
+        remove_metrics_dir(config.runtime_dir)
+        return _serve(Launcher(config))
+    finally:
+        remove_metrics_dir(config.runtime_dir)
+        lock.release()
+
+
+def _serve(launcher: Launcher) -> int:
+    config = launcher.config
     signal.signal(signal.SIGINT, launcher.on_signal)
     signal.signal(signal.SIGTERM, launcher.on_signal)
-    status = 0
     try:
         launcher.start()
         if not launcher.stop_requested:
@@ -181,11 +198,9 @@ def run(config: Config) -> int:
                 launcher.engine.pid,
             )
             launcher.supervise()
-    except ChildDied as exc:
+    except NodeFailed as exc:
         log.error("%s; stopping the node", exc)
-        status = 1
+        return 1
     finally:
         launcher.stop()
-        # The node is gone: its counters start again from zero with the next one.
-        remove_metrics_dir(config.runtime_dir)
-    return status
+    return 0
