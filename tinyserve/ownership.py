@@ -85,8 +85,8 @@ def _refuse_live_engine(config: Config) -> None:
     pid = live_engine_pid(config.board_path)
     if pid:
         raise TinyServeError(
-            f"runtime dir {config.runtime_dir} is in use: another engine ({describe(pid)}) "
-            f"is serving from {config.board_path}"
+            f"runtime dir {config.runtime_dir} is in use: another engine is serving from "
+            f"{config.board_path}, {describe(pid)}"
         )
 
 

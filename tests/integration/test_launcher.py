@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.integration.node import Node, alive, children_of, free_port, sse_events
+from tests.integration.node import Node, alive, children_of, free_port, generate, sse_events
 from tests.integration.units import until
 from tinyserve.model import default_model_path
 
@@ -138,6 +138,9 @@ async def test_a_killed_engine_is_restarted_and_the_node_serves_again(
         assert rest[-1]["finish_reason"] == "error", rest[-1]
         assert rest[-1]["error"]["reason"] == "engine_unavailable"
         failed = time.monotonic()
+        # Until a new engine is ready: 503 engine_unavailable, not a hang or a 500.
+        status, reply = await generate(session, node.url, prompt="Hi", max_tokens=2)
+        assert (status, reply["error"]["reason"]) == (503, "engine_unavailable"), reply
         back = await serving(session, node.url, 30)
     assert node.process.poll() is None  # the same launcher
     assert node.engine_pid() not in (0, engine)

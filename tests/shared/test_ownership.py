@@ -67,7 +67,10 @@ def test_a_live_engine_on_the_board_refuses_a_launcher_and_an_engine(tmp_path: P
     board.set_identity(os.getpid(), time.monotonic_ns())
     try:
         for claim in (lambda: claim_node(config), lambda: join_node(config, ENGINE)):
-            with pytest.raises(TinyServeError, match=r"another engine \(pid"):
+            with pytest.raises(
+                TinyServeError,
+                match=f"another engine is serving from {config.board_path}, pid {os.getpid()} ",
+            ):
                 claim()
         # Refused before anything was left behind: the lock was let go again.
         assert join_node(config, FRONTEND) is not None
