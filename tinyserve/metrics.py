@@ -251,5 +251,9 @@ def render(directory: str) -> bytes:
 
 
 def remove_metrics_dir(runtime_dir: str) -> None:
-    """Remove a stopped node's metrics files (counters restart from zero with the node)."""
+    """Remove a node's metrics files (counters restart from zero with the node).
+
+    Only for a runtime dir the caller owns (``tinyserve serve`` holding ``RUN/lock``
+    exclusively, see ``tinyserve.ownership``): a live node's processes keep their files open
+    and render ``/metrics`` from them, and a frontend whose files vanish answers 500."""
     shutil.rmtree(os.path.join(runtime_dir, METRICS_SUBDIR), ignore_errors=True)
