@@ -19,7 +19,13 @@ extensions = [
 ]
 
 setup(
-    packages=["tinyserve", "tinyserve.engine", "tinyserve.frontend", "tinyserve_native"],
+    packages=[
+        "tinyserve",
+        "tinyserve.engine",
+        "tinyserve.frontend",
+        "tinyserve.frontend.models",
+        "tinyserve_native",
+    ],
     package_dir={
         "tinyserve": "tinyserve",
         "tinyserve.engine": "engine",

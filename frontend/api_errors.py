@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from tinyserve.frontend.models.common import json_response
+from tinyserve.frontend.models.errors import Error, ErrorDetail, OpenAIError, OpenAIErrorDetail
 from tinyserve.logs import fields
 
 log = logging.getLogger(__name__)
@@ -69,21 +71,17 @@ class ApiError(Exception):
         self.headers = headers or {}
         self.request_id: str | None = None  # set once the request was given an id
 
-    def body(self) -> dict[str, dict[str, str]]:
+    def body(self) -> Error:
         """The JSON body of this error."""
-        error = {"type": self.type, "message": self.message}
-        if self.reason is not None:
-            error["reason"] = self.reason
-        return {"error": error}
+        return Error(error=ErrorDetail(type=self.type, message=self.message, reason=self.reason))
 
-    def openai_body(self) -> dict[str, dict[str, str | None]]:
+    def openai_body(self) -> OpenAIError:
         """This error in OpenAI's shape: ``type`` is OpenAI's class of error, ``code`` our
         precise type (or the 503 reason), ``param`` the field at fault."""
         type_ = "invalid_request_error" if self.status < 500 else "server_error"
         code = self.reason or self.type
-        return {
-            "error": {"message": self.message, "type": type_, "param": self.param, "code": code}
-        }
+        detail = OpenAIErrorDetail(message=self.message, type=type_, param=self.param, code=code)
+        return OpenAIError(error=detail)
 
     def response(self, *, openai: bool = False) -> web.Response:
         """This error as an aiohttp response, in the native or the OpenAI shape."""
@@ -93,7 +91,7 @@ class ApiError(Exception):
         if self.request_id is not None:
             headers["X-Request-Id"] = self.request_id
         body = self.openai_body() if openai else self.body()
-        return web.json_response(body, status=self.status, headers=headers)
+        return json_response(body, status=self.status, headers=headers)
 
 
 def invalid(message: str, param: str | None = None) -> ApiError:

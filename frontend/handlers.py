@@ -13,16 +13,18 @@ from aiohttp import web
 from tinyserve.frontend import admission, pipeline
 from tinyserve.frontend.keys import CONFIG, LINK
 from tinyserve.frontend.meters import add_metrics_route
+from tinyserve.frontend.models.common import json_response
+from tinyserve.frontend.models.native import GenerateRequest, Status
+from tinyserve.frontend.models.parse import json_body, parse_body
 from tinyserve.frontend.openai_api import add_openai_routes
 from tinyserve.frontend.openapi import add_openapi_route
 from tinyserve.frontend.replies import engine_unavailable, native_reply, rejection_error
 from tinyserve.frontend.timelines import add_timeline_route
-from tinyserve.frontend.validation import json_body, parse_generate
 
 
 async def health(request: web.Request) -> web.Response:
     """200 while the process runs, whatever the engine's state."""
-    return web.json_response({"status": "ok"})
+    return json_response(Status(status="ok"))
 
 
 async def ready(request: web.Request) -> web.Response:
@@ -33,13 +35,14 @@ async def ready(request: web.Request) -> web.Response:
         raise engine_unavailable("engine handshake not done or engine down")
     if load.draining:
         raise rejection_error(admission.engine_rejection(admission.REASON_DRAINING, load))
-    return web.json_response({"status": "ready", "model": ack.model_name})
+    return json_response(Status(status="ready", model=ack.model_name))
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     """Generate a completion for one prompt; JSON or SSE as the request asks."""
-    req = parse_generate(await json_body(request), request.app[CONFIG])
-    return await pipeline.run(request, req, native_reply)
+    config = request.app[CONFIG]
+    req = parse_body(await json_body(request), GenerateRequest, config)
+    return await pipeline.run(request, req.generation(config), native_reply)
 
 
 def add_routes(app: web.Application) -> None:

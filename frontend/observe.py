@@ -25,9 +25,9 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_
 from tinyserve import protocol
 from tinyserve.frontend.admission import Limits, Load, Rejection
 from tinyserve.frontend.api_errors import CLIENT_CLOSED, ApiError
+from tinyserve.frontend.generation import Generation
 from tinyserve.frontend.keys import TRACING
 from tinyserve.frontend.streams import RequestStream
-from tinyserve.frontend.validation import GenerateRequest
 from tinyserve.logs import fields
 from tinyserve.tracing import extract, inject
 
@@ -96,7 +96,7 @@ class Observation:
             **asdict(load),
         }
 
-    def log_fields(self, req: GenerateRequest) -> dict[str, Any]:
+    def log_fields(self, req: Generation) -> dict[str, Any]:
         """The ``request finished`` line's fields (``LOG_FIELDS``)."""
         stream = self.stream
         finish = stream.finish if stream is not None else None
@@ -122,7 +122,7 @@ class Observation:
 
 @contextlib.contextmanager
 def observe(
-    request: web.Request, req: GenerateRequest, on_end: Callable[[int | None], None]
+    request: web.Request, req: Generation, on_end: Callable[[int | None], None]
 ) -> Iterator[Observation]:
     """Span and log line of one request around the pipeline that serves it; ``on_end`` gets
     the HTTP status sent, or None when the client went away first."""

@@ -13,6 +13,12 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
+from tinyserve.frontend.models.openai_replies import (
+    ChatLogprobs,
+    ChatTokenLogprob,
+    CompletionLogprobs,
+    TopLogprob,
+)
 from tinyserve.frontend.tokenizer import Tokenizer
 
 # JSON has no -Infinity; a token the model rules out entirely reports this instead.
@@ -50,31 +56,32 @@ async def token_logprobs(
     ]
 
 
-def completion_logprobs(tokens: list[TokenLogprob], text_offset: int) -> dict[str, Any]:
+def completion_logprobs(tokens: list[TokenLogprob], text_offset: int) -> CompletionLogprobs:
     """The completions format; ``text_offset`` is where the first token's text starts."""
     texts = [t.text for t in tokens]
     offsets = list(accumulate((len(s) for s in texts[:-1]), initial=text_offset))
-    return {
-        "tokens": texts,
-        "token_logprobs": [t.logprob for t in tokens],
+    return CompletionLogprobs(
+        tokens=texts,
+        token_logprobs=[t.logprob for t in tokens],
         # OpenAI lists the chosen token among the alternatives: up to logprobs + 1 entries.
-        "top_logprobs": [_top_map(t) for t in tokens],
-        "text_offset": offsets if tokens else [],
-    }
+        top_logprobs=[_top_map(t) for t in tokens],
+        text_offset=offsets if tokens else [],
+    )
 
 
-def chat_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
+def chat_logprobs(tokens: list[TokenLogprob]) -> ChatLogprobs:
     """The chat completions format."""
-    return {
-        "content": [
-            {
-                **_chat_token(t.token, t.logprob),
-                "top_logprobs": [_chat_token(alt, lp) for alt, lp in t.top],
-            }
+    return ChatLogprobs(
+        content=[
+            ChatTokenLogprob(
+                token=t.text,
+                logprob=t.logprob,
+                bytes=list(t.token),
+                top_logprobs=[_chat_token(alt, lp) for alt, lp in t.top],
+            )
             for t in tokens
-        ],
-        "refusal": None,
-    }
+        ]
+    )
 
 
 def _top_map(token: TokenLogprob) -> dict[str, float]:
@@ -83,8 +90,8 @@ def _top_map(token: TokenLogprob) -> dict[str, float]:
     return top
 
 
-def _chat_token(token: bytes, logprob: float) -> dict[str, Any]:
-    return {"token": token.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(token)}
+def _chat_token(token: bytes, logprob: float) -> TopLogprob:
+    return TopLogprob(token=token.decode("utf-8", "replace"), logprob=logprob, bytes=list(token))
 
 
 def _finite(logprob: float) -> float:

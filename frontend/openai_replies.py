@@ -1,10 +1,10 @@
 """OpenAI-format replies (completions and chat), on the shared reply machinery of ``replies``.
 
-JSON: ``{"id", "object", "created", "model", "choices": [one choice], "usage"}``.
-SSE: ``data: <chunk>`` events (a chat stream opens with a ``role`` delta), one chunk with the
-``finish_reason``, the usage chunk (``choices: []``) when ``stream_options.include_usage``,
-then ``data: [DONE]``. A failure after the headers went out is a ``data: {"error": {...}}``
-event, which the openai client raises as ``APIError``, then ``[DONE]``.
+JSON: ``Completion`` / ``ChatCompletion`` (``models.openai_replies``). SSE: ``data: <chunk>``
+events (a chat stream opens with a ``role`` delta), one chunk with the ``finish_reason``, the
+usage chunk (``choices: []``) when ``stream_options.include_usage``, then ``data: [DONE]``. A
+failure after the headers went out is a ``data: {"error": {...}}`` event (``OpenAIError``),
+which the openai client raises as ``APIError``, then ``[DONE]``.
 
 Finish reasons: ``stop`` and ``length`` as they are; ``timeout`` (request time limit) and
 ``cancelled`` are output cut short, so ``length``; ``queue_timeout`` (no token made) is a 503
@@ -24,25 +24,40 @@ from tinyserve import protocol
 from tinyserve.frontend import admission
 from tinyserve.frontend.admission import Load
 from tinyserve.frontend.api_errors import INTERNAL_ERROR, ApiError, unavailable
-from tinyserve.frontend.openai_logprobs import chat_logprobs, completion_logprobs, token_logprobs
-from tinyserve.frontend.replies import (
-    ReplyContext,
-    collect,
-    dumps,
-    finish_error,
-    sse_event,
-    write_sse,
+from tinyserve.frontend.models.common import json_response, to_json
+from tinyserve.frontend.models.openai_replies import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionChunkChoice,
+    FinishReason,
+    PromptTokensDetails,
+    Usage,
 )
+from tinyserve.frontend.openai_logprobs import (
+    TokenLogprob,
+    chat_logprobs,
+    completion_logprobs,
+    token_logprobs,
+)
+from tinyserve.frontend.replies import ReplyContext, collect, finish_error, sse_event, write_sse
 from tinyserve.frontend.streams import Finish, Piece, RequestStream
 from tinyserve.frontend.tokenizer import Tokenizer
 
 DONE = sse_event("[DONE]")
-FINISH_REASONS = {
+FINISH_REASONS: dict[str, FinishReason] = {
     protocol.FINISH_STOP: "stop",
     protocol.FINISH_LENGTH: "length",
     protocol.FINISH_TIMEOUT: "length",
     protocol.FINISH_CANCELLED: "length",
 }
+Chunk = CompletionChunk | ChatCompletionChunk
 
 
 @dataclass(frozen=True)
@@ -50,13 +65,11 @@ class Surface:
     """What tells a completion reply from a chat one."""
 
     chat: bool
-    object: str
-    chunk_object: str
     id_prefix: str
 
 
-COMPLETIONS = Surface(False, "text_completion", "text_completion", "cmpl-")
-CHAT = Surface(True, "chat.completion", "chat.completion.chunk", "chatcmpl-")
+COMPLETIONS = Surface(False, "cmpl-")
+CHAT = Surface(True, "chatcmpl-")
 
 
 def openai_finish_error(finish: Finish, load: Load | None) -> ApiError | None:
@@ -96,53 +109,80 @@ class OpenAIReply:
         if error is not None:
             error.request_id = ctx.request_id
             return error.response(openai=True)
-        logprobs = await self.logprobs_of(output.token_ids, output.logprobs, 0)
+        tokens = await self.logprobs_of(output.token_ids, output.logprobs)
         reason = FINISH_REASONS.get(output.finish.reason, "stop")
+        envelope = self.envelope(ctx)
+        total = usage(ctx, output.finish, output.tokens)
+        body: Completion | ChatCompletion
         if self.surface.chat:
-            message = {"role": "assistant", "content": output.text}
-            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
+            logprobs = None if tokens is None else chat_logprobs(tokens)
+            message = AssistantMessage(content=output.text)
+            choice = ChatChoice(message=message, logprobs=logprobs, finish_reason=reason)
+            body = ChatCompletion(**envelope, choices=[choice], usage=total)
         else:
-            choice = {
-                "index": 0,
-                "text": output.text,
-                "logprobs": logprobs,
-                "finish_reason": reason,
-            }
-        body = self.envelope(ctx, self.surface.object, [choice])
-        body["usage"] = usage(ctx, output.finish, output.tokens)
-        return web.json_response(body, headers={"X-Request-Id": ctx.request_id}, dumps=dumps)
+            text_logprobs = None if tokens is None else completion_logprobs(tokens, 0)
+            text = output.text
+            one = CompletionChoice(text=text, logprobs=text_logprobs, finish_reason=reason)
+            body = Completion(**envelope, choices=[one], usage=total)
+        return json_response(body, headers={"X-Request-Id": ctx.request_id})
 
-    def envelope(self, ctx: ReplyContext, object_: str, choices: list[Any]) -> dict[str, Any]:
+    def envelope(self, ctx: ReplyContext) -> dict[str, Any]:
         """The fields every reply and chunk carries around its choices."""
-        return {
-            "id": self.surface.id_prefix + ctx.request_id,
-            "object": object_,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
+        return {"id": self.surface.id_prefix + ctx.request_id, "created": self.created,
+                "model": self.model}  # fmt: skip
 
     async def logprobs_of(
-        self, token_ids: list[int], entries: list[list[Any]], text_offset: int
-    ) -> dict[str, Any] | None:
-        """The logprobs object of these tokens, or None when the request did not ask."""
+        self, token_ids: list[int], entries: list[list[Any]]
+    ) -> list[TokenLogprob] | None:
+        """The logprobs of these tokens, or None when the request did not ask."""
         if self.logprobs < 0:
             return None
-        tokens = await token_logprobs(self.tokenizer, token_ids, entries)
+        return await token_logprobs(self.tokenizer, token_ids, entries)
+
+    def chunk(
+        self,
+        ctx: ReplyContext,
+        text: str | None,
+        tokens: list[TokenLogprob] | None,
+        reason: FinishReason | None,
+        *,
+        text_offset: int = 0,
+        first: bool = False,
+    ) -> bytes:
+        """One chunk of a stream: new text (none: the finish chunk), its logprobs."""
+        body: Chunk
         if self.surface.chat:
-            return chat_logprobs(tokens)
-        return completion_logprobs(tokens, text_offset)
+            delta = ChatDelta(role="assistant" if first else None, content=text)
+            logprobs = None if tokens is None else chat_logprobs(tokens)
+            choice = ChatChunkChoice(delta=delta, logprobs=logprobs, finish_reason=reason)
+            body = ChatCompletionChunk(**self.envelope(ctx), choices=[choice])
+        else:
+            text_logprobs = None if tokens is None else completion_logprobs(tokens, text_offset)
+            one = CompletionChunkChoice(
+                text=text or "", logprobs=text_logprobs, finish_reason=reason
+            )
+            body = CompletionChunk(**self.envelope(ctx), choices=[one])
+        return self.chunk_event(body)
+
+    def usage_chunk(self, ctx: ReplyContext, total: Usage) -> bytes:
+        """The chunk after the finish that carries the usage."""
+        chunk = ChatCompletionChunk if self.surface.chat else CompletionChunk
+        return self.chunk_event(chunk(**self.envelope(ctx), choices=[], usage=total))
+
+    def chunk_event(self, body: Chunk) -> bytes:
+        """As OpenAI: with ``include_usage`` every chunk has a usage, null but on the last."""
+        return sse_event(to_json(body, exclude=None if self.include_usage else {"usage"}))
 
 
-def usage(ctx: ReplyContext, finish: Finish, completion_tokens: int) -> dict[str, Any]:
+def usage(ctx: ReplyContext, finish: Finish, completion_tokens: int) -> Usage:
     """OpenAI's usage object; ``cached_tokens`` counts prompt tokens the prefix cache served."""
     prompt_tokens = ctx.prompt_tokens_of(finish)
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": finish.cached_tokens},
-    }
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=finish.cached_tokens),
+    )
 
 
 class _Events:
@@ -159,7 +199,7 @@ class _Events:
 
     async def events(self) -> AsyncGenerator[bytes, None]:
         if self._reply.surface.chat:
-            yield self._chunk({"role": "assistant", "content": ""}, None, None)
+            yield self._reply.chunk(self._ctx, "", None, None, first=True)
         async for piece in self._stream.pieces():
             self._tokens += piece.tokens
             delta = await self._delta(piece)
@@ -177,34 +217,26 @@ class _Events:
         return ending + ([] if self._done else [DONE])
 
     async def _delta(self, piece: Piece) -> bytes | None:
-        logprobs = None
+        tokens = None
         if piece.token_ids:
-            logprobs = await self._reply.logprobs_of(piece.token_ids, piece.logprobs, self._chars)
-        if not piece.text and logprobs is None:
+            tokens = await self._reply.logprobs_of(piece.token_ids, piece.logprobs)
+        if not piece.text and tokens is None:
             return None
+        offset = self._chars
         self._chars += len(piece.text)
-        content = {"content": piece.text} if self._reply.surface.chat else piece.text
-        return self._chunk(content, logprobs, None)
+        return self._reply.chunk(self._ctx, piece.text, tokens, None, text_offset=offset)
 
     def _end(self, finish: Finish) -> list[bytes]:
         error = openai_finish_error(finish, self._ctx.load())
         if error is not None:
             return [_error_event(error)]
         reason = FINISH_REASONS.get(finish.reason, "stop")
-        events = [self._chunk({} if self._reply.surface.chat else "", None, reason)]
+        events = [self._reply.chunk(self._ctx, None, None, reason)]
         if self._reply.include_usage:
-            body = self._reply.envelope(self._ctx, self._reply.surface.chunk_object, [])
-            body["usage"] = usage(self._ctx, finish, self._tokens)
-            events.append(sse_event(body))
+            events.append(
+                self._reply.usage_chunk(self._ctx, usage(self._ctx, finish, self._tokens))
+            )
         return events
-
-    def _chunk(self, content: Any, logprobs: dict[str, Any] | None, reason: str | None) -> bytes:
-        key = "delta" if self._reply.surface.chat else "text"
-        choice = {"index": 0, key: content, "logprobs": logprobs, "finish_reason": reason}
-        body = self._reply.envelope(self._ctx, self._reply.surface.chunk_object, [choice])
-        if self._reply.include_usage:
-            body["usage"] = None  # as OpenAI: every chunk but the last has a null usage
-        return sse_event(body)
 
 
 def _error_event(error: ApiError) -> bytes:

@@ -1,32 +1,59 @@
 """The OpenAPI 3.1 document of the whole HTTP surface, served at ``GET /openapi.json``.
 
-``OPERATIONS`` lists every route with its bodies; a test checks it against ``app.router``, so
-a route added without a description here fails the suite.
+``OPERATIONS`` lists every route with the models of its bodies (``models``), whose JSON
+Schemas are the document's components; a test checks it against ``app.router``, so a route
+added without a description here fails the suite. The served copy is generated from the
+node's models (``limited``), so it carries the node's ``--max-tokens-limit``.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
 from aiohttp import web
+from pydantic import BaseModel, Field, RootModel
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, models_json_schema
+from pydantic_core import core_schema
 
 from tinyserve.frontend.auth import OPEN_PATHS
 from tinyserve.frontend.keys import CONFIG
-from tinyserve.frontend.openapi_schemas import (
-    SCHEMAS,
-    Schema,
-    ref,
-    sse_event,
-    with_max_tokens_limit,
+from tinyserve.frontend.models.chat import ChatCompletionRequest
+from tinyserve.frontend.models.common import limited
+from tinyserve.frontend.models.errors import Error, OpenAIError
+from tinyserve.frontend.models.native import (
+    GenerateEvent,
+    GenerateReply,
+    GenerateRequest,
+    RequestTimeline,
+    Status,
 )
-from tinyserve.frontend.timelines import TIMELINE_SCHEMA
+from tinyserve.frontend.models.openai_replies import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    CompletionChunk,
+    ModelList,
+)
+from tinyserve.frontend.models.openai_requests import CompletionRequest
 
 OPENAPI_VERSION = "3.1.0"
 BEARER = "bearer"  # the security scheme of the API keys
+REF = "#/components/schemas/{model}"
 SSE = "text/event-stream"
+Schema = dict[str, Any]
+Model = type[BaseModel]
+
+
+class OpenAPIDocument(RootModel[dict[str, Any]]):
+    """This document."""
+
+
+class MetricsText(RootModel[str]):
+    root: str = Field(description="Prometheus text exposition format")
 
 
 @dataclass(frozen=True)
@@ -36,39 +63,33 @@ class Operation:
     method: str
     path: str
     summary: str
-    ok: str  # component schema of the 200 JSON body
-    request: str | None = None  # component schema of the JSON request body
-    events: str | None = None  # component schema of one SSE event, when it can stream
+    ok: Model  # the 200 body
+    request: Model | None = None  # the JSON request body
+    events: Model | None = None  # the data of one SSE event, when it can stream
     errors: tuple[int, ...] = ()
-    error_schema: str = "Error"
+    error_schema: Model = Error
     media: str = "application/json"  # of the 200 body
 
 
 _GENERATION_ERRORS = (400, 404, 415, 429, 500, 503)
 OPERATIONS: tuple[Operation, ...] = (
-    Operation("post", "/generate", "Generate a completion (native API)", "GenerateReply",
-              "GenerateRequest", "GenerateEvent", (400, 415, 429, 500, 503)),
-    Operation("get", "/health", "200 while the process runs", "Status"),
-    Operation("get", "/ready", "200 once an engine serves this frontend", "Status",
+    Operation("post", "/generate", "Generate a completion (native API)", GenerateReply,
+              GenerateRequest, GenerateEvent, (400, 415, 429, 500, 503)),
+    Operation("get", "/health", "200 while the process runs", Status),
+    Operation("get", "/ready", "200 once an engine serves this frontend", Status,
               errors=(503,)),
-    Operation("get", "/v1/models", "The served model", "ModelList", errors=(503,),
-              error_schema="OpenAIError"),
-    Operation("post", "/v1/completions", "OpenAI completions", "Completion",
-              "CompletionRequest", "CompletionChunk", _GENERATION_ERRORS, "OpenAIError"),
-    Operation("post", "/v1/chat/completions", "OpenAI chat completions", "ChatCompletion",
-              "ChatCompletionRequest", "ChatCompletionChunk", _GENERATION_ERRORS, "OpenAIError"),
-    Operation("get", "/openapi.json", "This document", "OpenAPIDocument"),
+    Operation("get", "/v1/models", "The served model", ModelList, errors=(503,),
+              error_schema=OpenAIError),
+    Operation("post", "/v1/completions", "OpenAI completions", Completion,
+              CompletionRequest, CompletionChunk, _GENERATION_ERRORS, OpenAIError),
+    Operation("post", "/v1/chat/completions", "OpenAI chat completions", ChatCompletion,
+              ChatCompletionRequest, ChatCompletionChunk, _GENERATION_ERRORS, OpenAIError),
+    Operation("get", "/openapi.json", "This document", OpenAPIDocument),
     Operation("get", "/v1/requests/{request_id}", "Timeline of a recent request",
-              "RequestTimeline", errors=(404, 503), error_schema="OpenAIError"),
+              RequestTimeline, errors=(404, 503), error_schema=OpenAIError),
     Operation("get", "/metrics", "Prometheus metrics of the whole node (engine and every "
-              "frontend)", "MetricsText", media="text/plain"),
+              "frontend)", MetricsText, media="text/plain"),
 )  # fmt: skip
-
-_OTHER_SCHEMAS: dict[str, Schema] = {
-    "OpenAPIDocument": {"type": "object"},
-    "RequestTimeline": TIMELINE_SCHEMA,
-    "MetricsText": {"type": "string", "description": "Prometheus text exposition format"},
-}
 
 _ERROR_TEXT = {
     400: "invalid request (type invalid_request / context_length_exceeded)",
@@ -82,8 +103,9 @@ _ERROR_TEXT = {
 }
 
 
-def document() -> dict[str, Any]:
-    """The whole OpenAPI document."""
+def document(max_tokens_limit: int | None = None) -> dict[str, Any]:
+    """The whole OpenAPI document; with a node's ``--max-tokens-limit``, as that node serves
+    it."""
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
         paths.setdefault(op.path, {})[op.method] = _operation(op)
@@ -96,16 +118,47 @@ def document() -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": {**SCHEMAS, **_OTHER_SCHEMAS},
+            "schemas": components(max_tokens_limit),
             "securitySchemes": {BEARER: {"type": "http", "scheme": "bearer"}},
         },
     }
 
 
+@functools.cache
+def components(max_tokens_limit: int | None) -> dict[str, Schema]:
+    """The JSON Schema of every body: requests as they are validated, replies as they are
+    written."""
+    requests = {op.request for op in OPERATIONS if op.request is not None}
+    replies = {m for op in OPERATIONS for m in (op.ok, op.events, op.error_schema) if m} - requests
+    models: list[tuple[Model, JsonSchemaMode]] = [
+        (_limited(m, max_tokens_limit), "validation") for m in _by_name(requests)
+    ]
+    models += [(m, "serialization") for m in _by_name(replies)]
+    _, schema = models_json_schema(models, ref_template=REF, schema_generator=_Generator)
+    return dict(sorted(schema["$defs"].items()))
+
+
+def _by_name(models: set[Model]) -> list[Model]:
+    return sorted(models, key=lambda m: m.__name__)
+
+
+def _limited(model: Model, max_tokens_limit: int | None) -> Model:
+    return model if max_tokens_limit is None else limited(model, max_tokens_limit)
+
+
+class _Generator(GenerateJsonSchema):
+    def field_title_should_be_set(self, schema: core_schema.CoreSchema) -> bool:
+        return False  # a property's title would only repeat its name
+
+
+def ref(model: Model) -> Schema:
+    """A reference to ``model``'s component schema."""
+    return {"$ref": REF.format(model=model.__name__)}
+
+
 async def openapi_json(request: web.Request) -> web.Response:
     """This server's OpenAPI document, with its configured limits."""
-    limit = request.app[CONFIG].max_tokens_limit
-    return web.json_response(with_max_tokens_limit(document(), limit))
+    return web.json_response(document(request.app[CONFIG].max_tokens_limit))
 
 
 def add_openapi_route(app: web.Application) -> None:
@@ -117,7 +170,7 @@ def _operation(op: Operation) -> dict[str, Any]:
     ok: dict[str, Schema] = {op.media: {"schema": ref(op.ok)}}
     if op.events is not None:
         # One event's data; a stream is what 'stream': true asks for.
-        ok[SSE] = {"schema": sse_event(op.events, op.error_schema, op.path.startswith("/v1/"))}
+        ok[SSE] = {"schema": _sse_event(op.events, op.error_schema, op.path.startswith("/v1/"))}
     responses: dict[str, Any] = {"200": {"description": "OK", "content": ok}}
     for status in op.errors:
         responses[str(status)] = _error_response(status, op.error_schema)
@@ -138,7 +191,29 @@ def _operation(op: Operation) -> dict[str, Any]:
     return operation
 
 
-def _error_response(status: int, schema: str) -> dict[str, Any]:
+def _sse_event(data: Model, error: Model, done: bool) -> Schema:
+    """One server-sent event whose data is a JSON ``data`` object (or ``error`` after a failure
+    mid-stream), and with ``done`` possibly the literal ``[DONE]`` that ends OpenAI streams.
+    Like OpenAPI 3.2's ``itemSchema``: the fields of the event, the data's own schema inside."""
+    json_data = {
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": {"anyOf": [ref(data), ref(error)]},
+    }
+    return {
+        "type": "object",
+        "properties": {
+            "data": {"anyOf": [json_data, {"const": "[DONE]"}]} if done else json_data,
+            "event": {"type": "string"},
+            "id": {"type": "string"},
+            "retry": {"type": "integer"},
+        },
+        "required": ["data"],
+        "additionalProperties": False,
+    }
+
+
+def _error_response(status: int, schema: Model) -> dict[str, Any]:
     response: dict[str, Any] = {
         "description": _ERROR_TEXT[status],
         "content": {"application/json": {"schema": ref(schema)}},

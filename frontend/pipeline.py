@@ -17,6 +17,7 @@ from tinyserve.frontend import admission
 from tinyserve.frontend.api_errors import ApiError
 from tinyserve.frontend.backpressure import ClientStalled, drop_connection
 from tinyserve.frontend.engine_client import EngineUnreachable
+from tinyserve.frontend.generation import Generation, check_prompt_fits, check_token_ids
 from tinyserve.frontend.keys import CLIENT, CONFIG, LINK, TOKENIZER
 from tinyserve.frontend.limits import check_prompt_limit
 from tinyserve.frontend.meters import METER, METRICS, RequestMeter, count_rejection
@@ -28,11 +29,6 @@ from tinyserve.frontend.replies import (
     finish_error,
     rejection_error,
 )
-from tinyserve.frontend.validation import (
-    GenerateRequest,
-    check_prompt_fits,
-    check_token_ids,
-)
 from tinyserve.logs import fields
 
 log = logging.getLogger(__name__)
@@ -40,7 +36,7 @@ log = logging.getLogger(__name__)
 
 async def run(
     request: web.Request,
-    req: GenerateRequest,
+    req: Generation,
     reply: Reply,
     prompt_ids: list[int] | None = None,
 ) -> web.StreamResponse:
@@ -55,7 +51,7 @@ async def run(
 
 async def _run(
     request: web.Request,
-    req: GenerateRequest,
+    req: Generation,
     reply: Reply,
     prompt_ids: list[int] | None,
     obs: Observation,
@@ -97,7 +93,7 @@ def _admit(request: web.Request, prompt_tokens: int, max_tokens: int, obs: Obser
 
 
 def _submit_message(
-    req: GenerateRequest, prompt_ids: list[int], frontend_id: str, obs: Observation
+    req: Generation, prompt_ids: list[int], frontend_id: str, obs: Observation
 ) -> protocol.Submit:
     sampling = protocol.SamplingParams(
         temperature=req.temperature,
@@ -127,7 +123,7 @@ def _submit_message(
 
 async def _forward(
     request: web.Request,
-    req: GenerateRequest,
+    req: Generation,
     submit: protocol.Submit,
     blocks: int,
     reply: Reply,

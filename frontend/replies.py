@@ -4,24 +4,21 @@ The machinery every API surface shares lives here (``collect`` for a whole outpu
 ``write_sse`` for an event stream that always ends, ``finish_error`` for the error a finish
 maps to), and so does the native ``/generate`` format on top of it:
 
-JSON: ``{"id", "text", "finish_reason", "usage": {"prompt_tokens", "completion_tokens",
-"cached_tokens"}}``.
-SSE: ``data: {"id", "text"}`` per non-empty text delta, then exactly one final event,
-``{"id", "text": "", "finish_reason", "usage"}`` or, on failure,
-``{"id", "error": {"type", "message"}, "finish_reason": "error", "usage"}``.
-A ``"timeline"`` key is added to the final object when the client asked for it.
+JSON: ``GenerateReply``; SSE: a ``GenerateDelta`` per non-empty text delta, then exactly one
+final event, a ``GenerateReply`` with empty text or, on failure, a ``GenerateFailure``
+(``models.native``). The final object carries the timeline when the client asked for it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from aiohttp import web
+from pydantic import BaseModel
 
 from tinyserve import protocol
 from tinyserve.frontend import admission
@@ -36,6 +33,15 @@ from tinyserve.frontend.api_errors import (
 )
 from tinyserve.frontend.backpressure import ClientStalled, bound_buffers, paced_write
 from tinyserve.frontend.keys import CONFIG
+from tinyserve.frontend.models.common import json_response, to_json
+from tinyserve.frontend.models.errors import ErrorDetail
+from tinyserve.frontend.models.native import (
+    GenerateDelta,
+    GenerateFailure,
+    GenerateReply,
+    NativeFinishReason,
+    NativeUsage,
+)
 from tinyserve.frontend.streams import Finish, RequestStream
 from tinyserve.logs import fields
 
@@ -161,16 +167,10 @@ async def write_sse(
     return response
 
 
-def sse_event(data: dict[str, Any] | str) -> bytes:
-    """One ``data:`` event; a string goes out as it is (``[DONE]``)."""
-    payload = data if isinstance(data, str) else dumps(data)
+def sse_event(data: BaseModel | str) -> bytes:
+    """One ``data:`` event; a string goes out as it is (``[DONE]``, or JSON already made)."""
+    payload = data if isinstance(data, str) else to_json(data)
     return b"data: " + payload.encode("utf-8") + b"\n\n"
-
-
-def dumps(data: Any) -> str:
-    """JSON for a reply body or event."""
-    # default=str: an engine timeline value JSON cannot hold must not break a finished reply.
-    return json.dumps(data, ensure_ascii=False, default=str)
 
 
 # -- the native /generate format ----------------------------------------------------------------
@@ -192,14 +192,8 @@ async def json_reply(stream: RequestStream, ctx: ReplyContext) -> web.Response:
     if error is not None:
         error.request_id = ctx.request_id
         return error.response()
-    body: dict[str, Any] = {
-        "id": ctx.request_id,
-        "text": output.text,
-        "finish_reason": output.finish.reason,
-        "usage": _usage(ctx, output.finish, output.tokens),
-    }
-    _add_timeline(body, ctx, output.finish)
-    return web.json_response(body, headers={"X-Request-Id": ctx.request_id}, dumps=dumps)
+    reply = _reply(ctx, output.finish, output.tokens, output.text)
+    return json_response(reply, headers={"X-Request-Id": ctx.request_id})
 
 
 class _NativeEvents:
@@ -216,7 +210,7 @@ class _NativeEvents:
         async for piece in self._stream.pieces():
             self._tokens += piece.tokens
             if piece.text:
-                yield sse_event({"id": ctx.request_id, "text": piece.text})
+                yield sse_event(GenerateDelta(id=ctx.request_id, text=piece.text))
             if piece.finish is not None:
                 yield sse_event(_final_event(ctx, piece.finish, self._tokens))
                 self._final_sent = True  # resumed only once the final event was written
@@ -224,35 +218,47 @@ class _NativeEvents:
     def failure_events(self) -> list[bytes]:
         if self._final_sent:
             return []
-        event = {
-            "id": self._ctx.request_id,
-            "error": {"type": INTERNAL_ERROR, "message": "internal server error"},
-            "finish_reason": protocol.FINISH_ERROR,
-            "usage": {"prompt_tokens": self._ctx.prompt_tokens, "completion_tokens": self._tokens},
-        }
+        event = GenerateFailure(
+            id=self._ctx.request_id,
+            error=ErrorDetail(type=INTERNAL_ERROR, message="internal server error"),
+            usage=NativeUsage(
+                prompt_tokens=self._ctx.prompt_tokens,
+                completion_tokens=self._tokens,
+                cached_tokens=0,
+            ),
+        )
         return [sse_event(event)]
 
 
-def _final_event(ctx: ReplyContext, finish: Finish, tokens: int) -> dict[str, Any]:
-    event: dict[str, Any] = {"id": ctx.request_id}
+def _final_event(ctx: ReplyContext, finish: Finish, tokens: int) -> GenerateReply | GenerateFailure:
     error = finish_error(finish, ctx.load())
     if error is None:
-        event.update(text="", finish_reason=finish.reason)
-    else:
-        event.update(error=error.body()["error"], finish_reason=protocol.FINISH_ERROR)
-    event["usage"] = _usage(ctx, finish, tokens)
-    _add_timeline(event, ctx, finish)
-    return event
+        return _reply(ctx, finish, tokens, "")
+    return GenerateFailure(
+        id=ctx.request_id,
+        error=error.body().error,
+        usage=_usage(ctx, finish, tokens),
+        timeline=_timeline(ctx, finish),
+    )
 
 
-def _usage(ctx: ReplyContext, finish: Finish, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": ctx.prompt_tokens_of(finish),
-        "completion_tokens": completion_tokens,
-        "cached_tokens": finish.cached_tokens,  # prompt tokens the prefix cache served
-    }
+def _reply(ctx: ReplyContext, finish: Finish, tokens: int, text: str) -> GenerateReply:
+    return GenerateReply(
+        id=ctx.request_id,
+        text=text,
+        finish_reason=cast(NativeFinishReason, finish.reason),  # errors went another way
+        usage=_usage(ctx, finish, tokens),
+        timeline=_timeline(ctx, finish),
+    )
 
 
-def _add_timeline(body: dict[str, Any], ctx: ReplyContext, finish: Finish) -> None:
-    if ctx.want_timeline and finish.timeline is not None:
-        body["timeline"] = finish.timeline
+def _usage(ctx: ReplyContext, finish: Finish, completion_tokens: int) -> NativeUsage:
+    return NativeUsage(
+        prompt_tokens=ctx.prompt_tokens_of(finish),
+        completion_tokens=completion_tokens,
+        cached_tokens=finish.cached_tokens,
+    )
+
+
+def _timeline(ctx: ReplyContext, finish: Finish) -> dict[str, Any] | None:
+    return finish.timeline if ctx.want_timeline else None

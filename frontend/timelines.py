@@ -9,43 +9,19 @@ waits at most ``QUERY_TIMEOUT_S`` for the ``TimelineReply``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from tinyserve.frontend.api_errors import ApiError
 from tinyserve.frontend.engine_client import EngineUnreachable
 from tinyserve.frontend.keys import CLIENT, LINK
+from tinyserve.frontend.models.common import json_response
+from tinyserve.frontend.models.native import RequestTimeline
 from tinyserve.frontend.openai_replies import CHAT, COMPLETIONS
-from tinyserve.frontend.replies import dumps, engine_unavailable
+from tinyserve.frontend.replies import engine_unavailable
 
 QUERY_TIMEOUT_S = 1.0
 NOT_FOUND = "not_found"
 ROUTE = "/v1/requests/{request_id}"
-
-# OpenAPI schema of the reply; docs/observability.md describes every field.
-_MS = {"type": ["number", "null"], "description": "ms since arrival at the frontend"}
-TIMELINE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "what happened to one request and when (docs/observability.md, Timeline)",
-    "properties": {
-        "request_id": {"type": "string"},
-        "status": {"type": "string", "enum": ["waiting", "running", "finished"]},
-        "tenant": {"type": "string"},
-        "priority": {"type": "integer"},
-        "prompt_tokens": {"type": "integer"},
-        "admission": {"type": "object"},
-        "accepted": {"type": ["object", "null"]},
-        "queue": {"type": ["object", "null"]},
-        "slot": {"type": ["object", "null"]},
-        "prefix_reused_tokens": {"type": "integer"},
-        "prefill": {"type": "array", "items": {"type": "object"}},
-        "first_token_ms": _MS,
-        "decode": {"type": "object"},
-        "finish": {"type": ["object", "null"]},
-    },
-    "required": ["request_id", "status"],
-}
 
 
 async def request_timeline(request: web.Request) -> web.Response:
@@ -62,7 +38,7 @@ async def request_timeline(request: web.Request) -> web.Response:
         raise engine_unavailable("the engine did not answer the timeline query") from exc
     if timeline is None:
         raise ApiError(404, NOT_FOUND, f"no recent request with id {request_id!r}")
-    return web.json_response(timeline, dumps=dumps)
+    return json_response(RequestTimeline.model_validate(timeline))
 
 
 def add_timeline_route(app: web.Application) -> None:

@@ -1,4 +1,4 @@
-"""The OpenAI request contract: openai_schema.py and openai_messages.py, case by case."""
+"""The OpenAI request contract: models.openai_requests and models.chat, case by case."""
 
 from __future__ import annotations
 
@@ -10,25 +10,23 @@ import pytest
 from tinyserve.config import build_config
 from tinyserve.frontend.api_errors import ApiError
 from tinyserve.frontend.chat_template import ChatMessage
-from tinyserve.frontend.openai_schema import (
-    CHAT_DEFAULT_ONLY,
-    CHAT_IGNORED,
-    OpenAIRequest,
-    parse_chat,
-    parse_completion,
-)
-from tinyserve.frontend.validation import GenerateRequest
+from tinyserve.frontend.generation import Generation
+from tinyserve.frontend.models.chat import ChatCompletionRequest
+from tinyserve.frontend.models.openai_requests import CompletionRequest
+from tinyserve.frontend.models.parse import parse_body
 
 CONFIG = build_config({"max_tokens_limit": 512, "default_max_tokens": 32}, environ={})
 USER = [{"role": "user", "content": "hi"}]
 
 
-def completion(**body: Any) -> OpenAIRequest:
-    return parse_completion(json.dumps({"model": "m", "prompt": "p", **body}).encode(), CONFIG)
+def completion(**body: Any) -> CompletionRequest:
+    raw = json.dumps({"model": "m", "prompt": "p", **body}).encode()
+    return parse_body(raw, CompletionRequest, CONFIG)
 
 
-def chat(**body: Any) -> OpenAIRequest:
-    return parse_chat(json.dumps({"model": "m", "messages": USER, **body}).encode(), CONFIG)
+def chat(**body: Any) -> ChatCompletionRequest:
+    raw = json.dumps({"model": "m", "messages": USER, **body}).encode()
+    return parse_body(raw, ChatCompletionRequest, CONFIG)
 
 
 def rejected(parse: Any, **body: Any) -> ApiError:
@@ -40,7 +38,7 @@ def rejected(parse: Any, **body: Any) -> ApiError:
 
 def test_completion_defaults_follow_openai() -> None:
     req = completion()
-    assert req == OpenAIRequest("m", GenerateRequest("p", 32, temperature=1.0))
+    assert (req.model, req.generation(CONFIG)) == ("m", Generation("p", 32, temperature=1.0))
     assert req.prompt_ids is None and not req.include_usage
 
 
@@ -51,7 +49,7 @@ def test_every_completion_field() -> None:
         stream=True, stream_options={"include_usage": True}, n=1, user="u",
         best_of=1, echo=False, suffix=None, logit_bias={}, ignore_eos=True,
     )  # fmt: skip
-    assert req.generate == GenerateRequest(
+    assert req.generation(CONFIG) == Generation(
         "p", 7, True, 0.5, 0.9, 4, 3, ["a", "b"], 2, "t",
         presence_penalty=0.5, frequency_penalty=-1.0, logprobs=2, ignore_eos=True,
     )  # fmt: skip
@@ -64,10 +62,11 @@ def test_every_chat_field() -> None:
         stop="x", metadata={"k": "v"}, store=False, parallel_tool_calls=True,
         response_format={"type": "text"}, tools=[], tool_choice="none", modalities=["text"],
     )  # fmt: skip
-    assert (req.generate.max_tokens, req.generate.logprobs) == (9, 3)
-    assert (req.generate.temperature, req.generate.seed, req.generate.stop) == (0.0, 1, ["x"])
-    assert req.messages == [ChatMessage("user", "hi")]
-    assert req.add_generation_prompt and not req.continue_final_message
+    generation = req.generation(CONFIG)
+    assert (generation.max_tokens, generation.logprobs) == (9, 3)
+    assert (generation.temperature, generation.seed, generation.stop) == (0.0, 1, ["x"])
+    assert req.template_messages() == [ChatMessage("user", "hi")]
+    assert req.ends_with_generation_prompt and not req.continue_final_message
 
 
 @pytest.mark.parametrize(("name", "value"), [("frobnicate", 1), ("functions_x", None)])
@@ -98,9 +97,9 @@ def test_features_we_lack_are_400s_naming_the_field(parse: Any, name: str, value
 
 
 def test_null_is_the_default_for_every_known_field() -> None:
-    fields = {name: None for name in (*CHAT_DEFAULT_ONLY, *CHAT_IGNORED)}
-    req = chat(max_tokens=None, temperature=None, seed=None, n=None, **fields)
-    assert req.generate == GenerateRequest("", 32, temperature=1.0)
+    fields = ChatCompletionRequest.model_fields
+    req = chat(**{name: None for name, field in fields.items() if not field.is_required()})
+    assert req.generation(CONFIG) == Generation("", 32, temperature=1.0)
 
 
 def test_a_bool_is_no_default_number() -> None:
@@ -133,33 +132,33 @@ def test_bad_completion_fields(body: dict[str, Any], param: str) -> None:
 
 
 def test_prompt_forms() -> None:
-    assert completion(prompt=["one"]).generate.prompt == "one"
+    assert completion(prompt=["one"]).generation(CONFIG).prompt == "one"
     assert completion(prompt=[5, 6]).prompt_ids == [5, 6]
     assert completion(prompt=[[5, 6]]).prompt_ids == [5, 6]
 
 
 def test_user_is_the_tenant_unless_tenant_is_given() -> None:
-    assert completion(user="team-a").generate.tenant == "team-a"
-    hashed = completion(user="someone@example.com").generate.tenant
+    assert completion(user="team-a").generation(CONFIG).tenant == "team-a"
+    hashed = completion(user="someone@example.com").generation(CONFIG).tenant
     assert (
         hashed.startswith("user-")
-        and hashed == completion(user="someone@example.com").generate.tenant
+        and hashed == completion(user="someone@example.com").generation(CONFIG).tenant
     )
-    assert completion(user="someone@example.com", tenant="t").generate.tenant == "t"
-    assert completion(user="").generate.tenant == "default"
+    assert completion(user="someone@example.com", tenant="t").generation(CONFIG).tenant == "t"
+    assert completion(user="").generation(CONFIG).tenant == "default"
 
 
 def test_chat_logprobs() -> None:
-    assert chat().generate.logprobs == -1
-    assert chat(logprobs=True).generate.logprobs == 0
-    assert chat(logprobs=True, top_logprobs=5).generate.logprobs == 5
+    assert chat().generation(CONFIG).logprobs == -1
+    assert chat(logprobs=True).generation(CONFIG).logprobs == 0
+    assert chat(logprobs=True, top_logprobs=5).generation(CONFIG).logprobs == 5
     assert rejected(chat, top_logprobs=2).param == "top_logprobs"
     assert rejected(chat, logprobs=True, top_logprobs=6).param == "top_logprobs"
 
 
 def test_max_tokens_and_max_completion_tokens() -> None:
-    assert chat(max_tokens=5).generate.max_tokens == 5
-    assert chat(max_tokens=5, max_completion_tokens=5).generate.max_tokens == 5
+    assert chat(max_tokens=5).generation(CONFIG).max_tokens == 5
+    assert chat(max_tokens=5, max_completion_tokens=5).generation(CONFIG).max_tokens == 5
     assert rejected(chat, max_tokens=5, max_completion_tokens=6).param == "max_completion_tokens"
     assert rejected(chat, max_completion_tokens=10_000).param == "max_completion_tokens"
 
@@ -171,7 +170,7 @@ def test_messages_roles_and_content() -> None:
         {"role": "assistant", "content": None, "tool_calls": None, "refusal": None},
         {"role": "user", "content": "c", "name": "bob"},
     ]
-    assert chat(messages=messages).messages == [
+    assert chat(messages=messages).template_messages() == [
         ChatMessage("system", "be brief"),
         ChatMessage("user", "a\nb"),
         ChatMessage("assistant", ""),
@@ -202,7 +201,7 @@ def test_bad_messages(messages: Any, param: str) -> None:
 def test_continue_final_message() -> None:
     prefill = [*USER, {"role": "assistant", "content": "Sure"}]
     req = chat(messages=prefill, continue_final_message=True)
-    assert req.continue_final_message and not req.add_generation_prompt
+    assert req.continue_final_message and not req.ends_with_generation_prompt
     assert not chat(messages=prefill, add_generation_prompt=False).continue_final_message
     both = {"continue_final_message": True, "add_generation_prompt": True}
     assert rejected(chat, messages=prefill, **both).param == "add_generation_prompt"

@@ -1,4 +1,4 @@
-"""The /generate request contract: every rule of validation.py, one case at a time."""
+"""The /generate request contract: every rule of models.native, one case at a time."""
 
 from __future__ import annotations
 
@@ -9,18 +9,16 @@ import pytest
 
 from tinyserve.config import build_config
 from tinyserve.frontend.api_errors import ApiError
-from tinyserve.frontend.validation import (
-    GenerateRequest,
-    check_prompt_fits,
-    parse_generate,
-)
+from tinyserve.frontend.generation import Generation, check_prompt_fits
+from tinyserve.frontend.models.native import GenerateRequest
+from tinyserve.frontend.models.parse import parse_body
 
 CONFIG = build_config({"max_tokens_limit": 512, "default_max_tokens": 32}, environ={})
 
 
-def parse(body: Any) -> GenerateRequest:
+def parse(body: Any) -> Generation:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return parse_generate(raw, CONFIG)
+    return parse_body(raw, GenerateRequest, CONFIG).generation(CONFIG)
 
 
 def rejected(body: Any) -> ApiError:
@@ -33,7 +31,7 @@ def rejected(body: Any) -> ApiError:
 
 def test_defaults() -> None:
     req = parse({"prompt": "hi"})
-    assert req == GenerateRequest(prompt="hi", max_tokens=32)
+    assert req == Generation(prompt="hi", max_tokens=32)
     assert (req.stream, req.temperature, req.top_p, req.top_k) == (False, 0.0, 1.0, 0)
     assert (req.seed, req.stop, req.priority, req.tenant, req.timeline) == (
         None,

@@ -1,0 +1,7 @@
+"""The HTTP API declared once: request and reply bodies of every route as pydantic models.
+
+Validation (and its 400 messages naming the field), the OpenAPI document and the replies all
+derive from these declarations: ``common`` holds the rules every body follows and the field
+types the surfaces share, ``native`` and ``openai_requests`` / ``openai_replies`` the bodies,
+``parse`` turns request bytes into a model or a 400.
+"""

@@ -1,0 +1,196 @@
+"""``POST /v1/chat/completions``: the request body and its messages.
+
+Roles: system, user, assistant, and ``developer`` (OpenAI's newer name for system) taken as
+system. Content: a string, or a list of text parts joined by newlines; other part types, tool
+calls and the tool role are features this server does not have, so they are 400s.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BeforeValidator, ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
+
+from tinyserve.config import Config
+from tinyserve.frontend.chat_template import ChatMessage as TemplateMessage
+from tinyserve.frontend.generation import Generation
+from tinyserve.frontend.models.common import (
+    IGNORED,
+    Body,
+    OnlyDefault,
+    Text,
+    cross_field,
+    must_be,
+    schema_rule,
+    unsupported,
+)
+from tinyserve.frontend.models.fields import (
+    OutputLength,
+)
+from tinyserve.frontend.models.openai_requests import STREAM_RULE, LogprobCount, OpenAIRequest
+
+ROLE_ALIASES = {"developer": "system"}
+
+
+class TextPart(Body):
+    type: Literal["text"]
+    text: Text
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        # Named at the part, not at its "type": the part is what this server cannot take.
+        if isinstance(data, dict) and data.get("type") != "text":
+            raise unsupported("only parts of type 'text'")
+        return data
+
+
+def _text_as_part(value: Any) -> Any:
+    if isinstance(value, str):
+        return [{"type": "text", "text": value}]
+    if not isinstance(value, list):
+        raise must_be("a string or a non-empty list of text parts")
+    return value
+
+
+TextParts = Annotated[list[TextPart], Field(min_length=1)]
+Content = Annotated[
+    TextParts, BeforeValidator(_text_as_part, json_schema_input_type=Text | TextParts)
+]
+# Message fields of features we lack, accepted while empty (clients echo them back as null).
+EmptyOnly = Annotated[Any, OnlyDefault(("", [], {}))]
+_CONTENT_RULE: JsonDict = {
+    "if": {"properties": {"role": {"const": "assistant"}}},
+    "else": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+}
+
+
+class ChatMessage(Body):
+    """``content`` is required, except in an assistant message (null or absent: a turn that
+    only called tools). ``developer`` is taken as ``system``; several text parts are joined
+    by newlines."""
+
+    model_config = ConfigDict(json_schema_extra=_CONTENT_RULE)
+
+    role: Literal["system", "user", "assistant", "developer"]
+    content: Content | None = None
+    name: Text | None = None
+    tool_calls: EmptyOnly = None
+    function_call: EmptyOnly = None
+    tool_call_id: EmptyOnly = None
+    refusal: EmptyOnly = None
+    audio: EmptyOnly = None
+
+    @model_validator(mode="after")
+    def _content_unless_assistant(self) -> Self:
+        if self.content is None and self.role != "assistant":
+            raise cross_field("content", "'content' is required unless the role is assistant")
+        return self
+
+    def for_template(self) -> TemplateMessage:
+        """This message as the chat template takes it."""
+        text = "\n".join(part.text for part in self.content or [])
+        return TemplateMessage(ROLE_ALIASES.get(self.role, self.role), text, self.name)
+
+
+# Not expressible in the document, checked here: max_tokens and max_completion_tokens agree
+# when both are given; continue_final_message needs a final assistant message.
+_CHAT_RULES: JsonDict = {
+    "allOf": [
+        STREAM_RULE,
+        schema_rule("top_logprobs", {"type": "integer"}, {"logprobs": {"const": True}}),
+        schema_rule(
+            "continue_final_message",
+            {"const": True},
+            {"add_generation_prompt": {"enum": [False, None]}},
+            required=False,
+        ),
+    ]
+}
+
+
+class ChatCompletionRequest(OpenAIRequest):
+    """``POST /v1/chat/completions``."""
+
+    model_config = ConfigDict(json_schema_extra=_CHAT_RULES)
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    logprobs: bool = Field(False, description="report logprobs of each token")
+    top_logprobs: LogprobCount | None = Field(None, description="alternatives per token")
+    max_completion_tokens: OutputLength = Field(None, description="same as max_tokens")
+    add_generation_prompt: bool | None = Field(
+        None,
+        description="end the prompt with the assistant's header "
+        "(default: true unless continue_final_message)",
+    )
+    continue_final_message: bool = Field(
+        False, description="the reply continues the final (assistant) message"
+    )
+    # Ignored: bookkeeping and hints for OpenAI's own service, or only meaningful with tools.
+    metadata: Any = Field(None, description=IGNORED)
+    store: Any = Field(None, description=IGNORED)
+    service_tier: Any = Field(None, description=IGNORED)
+    safety_identifier: Any = Field(None, description=IGNORED)
+    prompt_cache_key: Any = Field(None, description=IGNORED)
+    prompt_cache_retention: Any = Field(None, description=IGNORED)
+    prompt_cache_options: Any = Field(None, description=IGNORED)
+    parallel_tool_calls: Any = Field(None, description=IGNORED)
+    # Features this server lacks.
+    logit_bias: Annotated[Any, OnlyDefault(({},))] = None
+    response_format: Annotated[Any, OnlyDefault(({"type": "text"},))] = None
+    tools: Annotated[Any, OnlyDefault(([],))] = None
+    tool_choice: Annotated[Any, OnlyDefault(("none",))] = None
+    functions: Annotated[Any, OnlyDefault(([],))] = None
+    function_call: Annotated[Any, OnlyDefault(("none",))] = None
+    modalities: Annotated[Any, OnlyDefault((["text"],))] = None
+    audio: Annotated[Any, OnlyDefault()] = None
+    prediction: Annotated[Any, OnlyDefault()] = None
+    web_search_options: Annotated[Any, OnlyDefault()] = None
+    reasoning_effort: Annotated[Any, OnlyDefault()] = None
+    verbosity: Annotated[Any, OnlyDefault()] = None
+    moderation: Annotated[Any, OnlyDefault()] = None
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> Self:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise cross_field("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+        return self
+
+    @model_validator(mode="after")
+    def _one_output_length(self) -> Self:
+        new, old = self.max_completion_tokens, self.max_tokens
+        if new is not None and old is not None and new != old:
+            message = "'max_tokens' and 'max_completion_tokens' differ"
+            raise cross_field("max_completion_tokens", message)
+        return self
+
+    @model_validator(mode="after")
+    def _continuation(self) -> Self:
+        if not self.continue_final_message:
+            return self
+        if self.add_generation_prompt:
+            message = "'continue_final_message' and 'add_generation_prompt' exclude each other"
+            raise cross_field("add_generation_prompt", message)
+        if self.messages[-1].role != "assistant":
+            message = "'continue_final_message' needs a final message from the assistant"
+            raise cross_field("continue_final_message", message)
+        return self
+
+    @property
+    def ends_with_generation_prompt(self) -> bool:
+        """``add_generation_prompt`` with its default resolved."""
+        if self.add_generation_prompt is None:
+            return not self.continue_final_message
+        return self.add_generation_prompt
+
+    def generation(self, config: Config) -> Generation:
+        """The request with every default resolved; the prompt is empty until the messages
+        are rendered."""
+        max_tokens = self.max_completion_tokens or self.max_tokens or config.default_max_tokens
+        logprobs = (self.top_logprobs or 0) if self.logprobs else -1
+        return self.with_defaults("", max_tokens, logprobs)
+
+    def template_messages(self) -> list[TemplateMessage]:
+        """The messages as the chat template takes them."""
+        return [message.for_template() for message in self.messages]

@@ -1,0 +1,246 @@
+"""The rules every request body follows, and how replies are written.
+
+- ``Body``: unknown fields are refused; types are strict (a bool is never a number, a string
+  never a number or a bool); JSON ``null`` means the default of any known field, and the
+  document says so by letting every optional property be null.
+- ``INTEGRAL``: an integral float (``2.0``) is the integer 2, as JSON Schema has it.
+- ``expect(phrase)``: any failure of a field's value is reported as "must be <phrase>", the
+  rule the client can act on, instead of which inner check failed.
+- ``OnlyDefault``: a feature this server lacks, accepted while it asks for the default.
+- ``OUTPUT_LENGTH`` fields are bounded by the node's ``--max-tokens-limit``: ``limited`` makes
+  the model of one node, whose validation and JSON Schema both carry the limit.
+
+The field types built from these rules are in ``fields``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar, cast
+
+from aiohttp import web
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    create_model,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import PydanticCustomError, core_schema
+
+# Error types of our own rules; ``parse`` turns them into 400s.
+RULE = "rule"  # "must be <phrase>" (``expect``)
+UNICODE = "unicode"
+UNSUPPORTED = "unsupported_parameter"  # also the 400's code
+CROSS_FIELD = "cross_field"  # ctx "field": the field at fault, below the error's location
+OWN_ERRORS = frozenset({RULE, UNICODE, UNSUPPORTED, CROSS_FIELD})
+
+IGNORED = "accepted and ignored"
+JSON = "application/json"
+
+B = TypeVar("B", bound=BaseModel)
+
+
+class Body(BaseModel):
+    """A request body, or an object inside one."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        # An unknown field stays, null or not, so that it is still refused.
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        json_schema = handler(schema)
+        target = handler.resolve_ref_schema(json_schema)
+        required = set(target.get("required", ()))
+        properties = target.get("properties", {})
+        for name, prop in properties.items():
+            if name not in required:
+                properties[name] = _nullable(prop)
+        return json_schema
+
+
+class Reply(BaseModel):
+    """A reply body, or an object inside one: what it declares, nothing else. In the document
+    every field is required but those left out when they have no value (``is_none``)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True)
+
+
+def is_none(value: Any) -> bool:
+    """``exclude_if`` of a reply field that is left out when it has no value."""
+    return value is None
+
+
+def to_json(reply: BaseModel, exclude: set[str] | None = None) -> str:
+    """``reply`` as JSON text, spaced as Python's json module writes it (as before the
+    models: clients and tests may read the text)."""
+    # fallback=str: an engine timeline value JSON cannot hold must not break a finished reply.
+    data = reply.model_dump(mode="json", fallback=str, exclude=exclude)
+    return json.dumps(data, ensure_ascii=False)
+
+
+def json_response(
+    reply: BaseModel, *, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    """``reply`` as an HTTP response."""
+    return web.Response(text=to_json(reply), status=status, headers=headers, content_type=JSON)
+
+
+def _nullable(prop: JsonSchemaValue) -> JsonSchemaValue:
+    if "enum" in prop:
+        return {**prop, "enum": [*prop["enum"], *([None] if None not in prop["enum"] else [])]}
+    notes: JsonSchemaValue = {k: prop[k] for k in ("description", "default", "title") if k in prop}
+    core = {k: v for k, v in prop.items() if k not in notes}
+    if not core:  # any value at all
+        return prop
+    if core.get("anyOf") and {"type": "null"} in core["anyOf"]:
+        return prop
+    options = core["anyOf"] if list(core) == ["anyOf"] else [core]
+    return {"anyOf": [*options, {"type": "null"}], **notes}
+
+
+def _integral(value: Any) -> Any:
+    # JSON has one number type: 2.0 is the integer 2 (JSON Schema agrees, and so do clients
+    # that compute a count by division).
+    return int(value) if type(value) is float and value.is_integer() else value
+
+
+INTEGRAL = BeforeValidator(_integral)
+
+
+def expect(phrase: str) -> WrapValidator:
+    """Report any failure of the value as "must be ``phrase``"; errors of our own rules inside
+    it (not valid Unicode, a feature we lack) pass through as they are."""
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            own = next((e for e in exc.errors() if e["type"] in OWN_ERRORS), None)
+            if own is not None:
+                raise _error(own["type"], own["msg"]) from None
+            raise must_be(phrase) from None
+
+    return WrapValidator(check)
+
+
+def _error(type_: str, message: str, **ctx: Any) -> PydanticCustomError:
+    # The message goes through the context: a template would read its braces as fields.
+    return PydanticCustomError(type_, "{message}", {"message": message, **ctx})
+
+
+def must_be(phrase: str) -> PydanticCustomError:
+    """A value that breaks the rule of its field."""
+    return _error(RULE, f"must be {phrase}")
+
+
+def cross_field(field: str, message: str) -> PydanticCustomError:
+    """A rule across fields broken, for a model validator: ``field`` is the one reported."""
+    return _error(CROSS_FIELD, message, field=field)
+
+
+def unsupported(detail: str) -> PydanticCustomError:
+    """A value that asks for a feature this server does not have."""
+    return _error(UNSUPPORTED, f"is not supported: {detail}")
+
+
+def _unicode(value: str) -> str:
+    # JSON may carry lone surrogates (a \ud800 escape), which no UTF-8 encoder accepts later.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _error(UNICODE, f"is not valid Unicode: {exc.reason}") from None
+    return value
+
+
+@dataclass(frozen=True)
+class OnlyDefault:
+    """Type of a field for a feature this server lacks: null, or one of ``values`` (what asks
+    for the default: ``n: 1``, ``tools: []``); else a 400 ``unsupported_parameter``."""
+
+    values: tuple[Any, ...] = ()
+    why: str = ""
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(self._check)
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return {"description": "not supported: only the default", "enum": [None, *self.values]}
+
+    def _check(self, value: Any) -> Any:
+        if any(_same_json(value, allowed) for allowed in self.values):
+            return value
+        accepted = " or ".join(repr(a) for a in (None, *self.values))
+        raise unsupported(self.why or f"this server accepts only {accepted}")
+
+
+def _same_json(value: Any, allowed: Any) -> bool:
+    # JSON equality: 1.0 is 1, but true is not 1 (Python says True == 1).
+    if isinstance(value, bool) or isinstance(allowed, bool):
+        return value is allowed
+    if isinstance(value, int | float) and isinstance(allowed, int | float):
+        return value == allowed
+    return type(value) is type(allowed) and bool(value == allowed)
+
+
+class _OutputLength:
+    """Marks a field bounded by ``--max-tokens-limit`` (see ``limited``)."""
+
+
+OUTPUT_LENGTH = _OutputLength()
+
+Text = Annotated[str, AfterValidator(_unicode)]
+
+
+def schema_rule(
+    field: str, value: Any, then: dict[str, Any], required: bool = True
+) -> dict[str, Any]:
+    """JSON Schema of a rule across fields: when ``field`` matches ``value``, each field of
+    ``then`` matches its schema (and, with ``required``, is there)."""
+    return {
+        "if": {"properties": {field: value}, "required": [field]},
+        "then": {"properties": then, "required": list(then) if required else []},
+    }
+
+
+def limited(model: type[B], limit: int) -> type[B]:
+    """``model`` as one node serves it: every ``OUTPUT_LENGTH`` field at most ``limit``."""
+    return cast(type[B], _limited(model, limit))
+
+
+@functools.cache
+def _limited(model: type[BaseModel], limit: int) -> type[BaseModel]:
+    bounded = Annotated[
+        int, Field(ge=1, le=limit), INTEGRAL, expect(f"an integer between 1 and {limit}")
+    ]
+    fields: dict[str, Any] = {
+        name: (bounded | None, Field(info.default, description=info.description))
+        for name, info in model.model_fields.items()
+        if OUTPUT_LENGTH in info.metadata
+    }
+    return create_model(
+        model.__name__, __base__=model, __module__=model.__module__, __doc__=model.__doc__, **fields
+    )

@@ -1,0 +1,143 @@
+"""OpenAI-format reply bodies: completions and chat (whole and as stream chunks), the model
+list (errors: ``errors``).
+
+A stream chunk's ``usage`` is sent (null but on the last chunk) only when the request asked
+for ``stream_options.include_usage``: the reply leaves the field out otherwise. A chat delta
+holds only what it carries: ``role`` on the first chunk, ``content`` when there is text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from tinyserve.frontend.models.common import Reply, is_none
+
+FinishReason = Literal["stop", "length"]
+
+
+class PromptTokensDetails(Reply):
+    cached_tokens: int = Field(description="prompt tokens served from the prefix cache")
+
+
+class Usage(Reply):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class CompletionLogprobs(Reply):
+    """Each ``top_logprobs`` entry holds the alternatives and the chosen token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class TopLogprob(Reply):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(Reply):
+    content: list[ChatTokenLogprob]
+    refusal: None = None
+
+
+class CompletionChoice(Reply):
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason
+
+
+class CompletionChunkChoice(Reply):
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class AssistantMessage(Reply):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(Reply):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason
+
+
+class ChatDelta(Reply):
+    role: Literal["assistant"] | None = Field(default=None, exclude_if=is_none)
+    content: str | None = Field(default=None, exclude_if=is_none)
+
+
+class ChatChunkChoice(Reply):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason | None
+
+
+def _usage_may_be_absent(schema: dict[str, Any]) -> None:
+    schema["required"].remove("usage")
+
+
+class Envelope(Reply):
+    """What every reply and chunk carries around its choices; ``id`` is the surface's prefix
+    and the request id."""
+
+    id: str
+    created: int
+    model: str
+
+
+class Completion(Envelope):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class CompletionChunk(Envelope):
+    model_config = ConfigDict(json_schema_extra=_usage_may_be_absent)
+
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None = None
+
+
+class ChatCompletion(Envelope):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatCompletionChunk(Envelope):
+    model_config = ConfigDict(json_schema_extra=_usage_may_be_absent)
+
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class Model(Reply):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelList(Reply):
+    object: Literal["list"] = "list"
+    data: list[Model]

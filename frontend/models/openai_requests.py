@@ -1,0 +1,165 @@
+"""``POST /v1/completions`` and ``POST /v1/chat/completions`` request bodies.
+
+Every field of OpenAI's request schemas is one of: supported (declared with its type);
+ignored (bookkeeping or hints for OpenAI's own service that cannot change the output,
+declared ``Any`` and ``IGNORED``); a feature this server lacks, accepted at its default
+(``OnlyDefault``); anything else is refused as unknown. ``null`` means the default for every
+known field. Extensions: ``priority``, ``tenant``, ``top_k``, ``ignore_eos``, and for chat
+``add_generation_prompt`` / ``continue_final_message``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Annotated, Any, Self
+
+from pydantic import BeforeValidator, ConfigDict, Field, model_validator
+
+from tinyserve.config import Config
+from tinyserve.frontend.generation import Generation
+from tinyserve.frontend.models.common import (
+    IGNORED,
+    INTEGRAL,
+    Body,
+    OnlyDefault,
+    Text,
+    cross_field,
+    expect,
+    schema_rule,
+    unsupported,
+)
+from tinyserve.frontend.models.fields import (
+    TENANT_PATTERN,
+    OutputLength,
+    Penalty,
+    Temperature,
+)
+from tinyserve.frontend.models.native import MAX_TOKENS_TEXT, Sampling
+
+MAX_LOGPROBS = 5
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; /generate's is 0 (greedy)
+
+LogprobCount = Annotated[
+    int, Field(ge=0, le=MAX_LOGPROBS), INTEGRAL, expect(f"an integer between 0 and {MAX_LOGPROBS}")
+]
+ModelId = Annotated[Text, Field(min_length=1), expect("the id that GET /v1/models lists")]
+
+
+class StreamOptions(Body):
+    include_usage: bool = Field(False, description="end the stream with a usage chunk")
+    include_obfuscation: bool = Field(True, description=IGNORED)
+
+
+# As OpenAI does: stream_options only with a stream.
+STREAM_RULE = schema_rule("stream_options", {"type": "object"}, {"stream": {"const": True}})
+
+
+class OpenAIRequest(Sampling):
+    """The fields both OpenAI generation requests take."""
+
+    model_config = ConfigDict(json_schema_extra=STREAM_RULE)
+
+    model: ModelId = Field(description="the id GET /v1/models lists")
+    max_tokens: OutputLength = Field(None, description=MAX_TOKENS_TEXT)
+    temperature: Temperature = Field(DEFAULT_TEMPERATURE, description="0 is greedy")
+    n: Annotated[
+        Any, OnlyDefault((1,), "this server returns one choice per request; send n requests")
+    ] = None
+    stream_options: StreamOptions | None = None
+    presence_penalty: Penalty = Field(0.0, description="penalise tokens already present")
+    frequency_penalty: Penalty = Field(0.0, description="penalise tokens by their count")
+    user: Text = Field(
+        "",
+        description="end user; the scheduling tenant unless 'tenant' is given "
+        "(as is when a valid tenant name, else hashed)",
+    )
+
+    @model_validator(mode="after")
+    def _stream_options_need_a_stream(self) -> Self:
+        if self.stream_options is not None and not self.stream:
+            message = "'stream_options' is only allowed with 'stream': true"
+            raise cross_field("stream_options", message)
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        """The stream ends with a usage chunk."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def with_defaults(self, prompt: str, max_tokens: int, logprobs: int) -> Generation:
+        """The request with every default resolved; the surface gives what differs."""
+        fields = self.sampling()
+        if "tenant" not in self.model_fields_set:
+            fields["tenant"] = _tenant_of_user(self.user)
+        return Generation(
+            prompt=prompt,
+            max_tokens=max_tokens,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logprobs=logprobs,
+            **fields,
+        )
+
+
+def _tenant_of_user(user: str) -> str:
+    """``user`` as the scheduling tenant: as it is when it is a valid tenant name, else a
+    stable hash of it (OpenAI suggests hashed e-mail addresses and the like)."""
+    if not user:
+        return "default"
+    if re.fullmatch(TENANT_PATTERN, user):
+        return user
+    return "user-" + hashlib.sha256(user.encode("utf-8")).hexdigest()[:16]
+
+
+# -- completions ---------------------------------------------------------------------------------
+
+PromptText = Annotated[Text, Field(min_length=1)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0), INTEGRAL]], Field(min_length=1)]
+
+
+def _one_prompt(value: Any) -> Any:
+    """A list holding one prompt (a string or token ids) is that prompt."""
+    if isinstance(value, list) and value and all(isinstance(v, str | list) for v in value):
+        if len(value) > 1:
+            raise unsupported("one prompt per request (no batches)")
+        return value[0]
+    return value
+
+
+def _one_of(item: Any) -> Any:
+    return Annotated[list[item], Field(min_length=1, max_length=1)]
+
+
+Prompt = Annotated[
+    PromptText | TokenIds,
+    BeforeValidator(
+        _one_prompt,
+        json_schema_input_type=PromptText | TokenIds | _one_of(PromptText) | _one_of(TokenIds),
+    ),
+    expect("a non-empty string, a non-empty list of token ids >= 0, or a list of one of either"),
+]
+
+
+class CompletionRequest(OpenAIRequest):
+    """``POST /v1/completions``."""
+
+    prompt: Prompt = Field(description="a string, token ids, or a list holding one of either")
+    logprobs: LogprobCount | None = Field(None, description="alternatives per token")
+    best_of: Annotated[Any, OnlyDefault((1,))] = None
+    echo: Annotated[Any, OnlyDefault((False,))] = None
+    suffix: Annotated[Any, OnlyDefault(("",))] = None
+    logit_bias: Annotated[Any, OnlyDefault(({},))] = None
+
+    def generation(self, config: Config) -> Generation:
+        """The request with every default resolved; the prompt is empty when it came as token
+        ids (``prompt_ids``)."""
+        text = self.prompt if isinstance(self.prompt, str) else ""
+        logprobs = -1 if self.logprobs is None else self.logprobs
+        max_tokens = self.max_tokens or config.default_max_tokens
+        return self.with_defaults(text, max_tokens, logprobs)
+
+    @property
+    def prompt_ids(self) -> list[int] | None:
+        """The prompt's token ids, when it came as token ids."""
+        return None if isinstance(self.prompt, str) else self.prompt

@@ -1,0 +1,114 @@
+"""From a request's bytes to its model, or to a 400 that names the field at fault.
+
+The body gate comes first: a ``Content-Type`` that is not JSON is a 415; the body must be a
+JSON object in UTF-8 with no key given twice (neither pydantic's JSON parser nor msgspec's
+refuses one, so Python's own reads the body). Then the model of the node
+(``limited``) validates it, and the first error becomes the 400: an unknown field or a
+feature we lack is reported before a bad value, since it says more about what went wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from aiohttp import hdrs, web
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from tinyserve.config import Config
+from tinyserve.frontend.api_errors import UNSUPPORTED_MEDIA_TYPE, ApiError, invalid
+from tinyserve.frontend.models.common import CROSS_FIELD, UNSUPPORTED, limited
+
+M = TypeVar("M", bound=BaseModel)
+
+_REPORTED_FIRST = frozenset({"extra_forbidden", UNSUPPORTED})
+# pydantic's own messages, as a rule of the field: "Input should be a valid boolean" ->
+# "'stream' must be a valid boolean".
+_SUBJECTS = ("Input should", "String should", "List should", "Value should", "Object should")
+
+
+async def json_body(request: web.Request) -> bytes:
+    """The body of a request that says it is JSON, or says nothing; any other Content-Type is a
+    415. Browsers send forms and text/plain across sites without asking (no CORS preflight), so
+    a JSON-only API refusing them cannot be driven by a page the user happens to visit."""
+    if hdrs.CONTENT_TYPE in request.headers:
+        media = request.content_type.lower()
+        if media != "application/json" and not (
+            media.startswith("application/") and media.endswith("+json")
+        ):
+            message = f"Content-Type must be application/json, not {media!r}"
+            raise ApiError(415, UNSUPPORTED_MEDIA_TYPE, message)
+    return await request.read()
+
+
+def parse_body(body: bytes, model: type[M], config: Config) -> M:
+    """``body`` as ``model`` with this node's limits; raises a 400 ``ApiError`` naming the
+    field at fault."""
+    data = load_object(body)
+    try:
+        return limited(model, config.max_tokens_limit).model_validate(data)
+    except ValidationError as exc:
+        raise api_error(exc) from None
+
+
+def load_object(body: bytes) -> dict[str, Any]:
+    """The JSON object of ``body``; anything else is a 400."""
+    try:
+        data = json.loads(body, object_pairs_hook=_unique_keys)
+    # RecursionError: a deeply nested body must be a 400, not a crash of the handler.
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise invalid(f"body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise invalid("body must be a JSON object")
+    return data
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A key given twice may be read as its first value by a proxy that checked it and as its
+    # last one here (Python's default); refusing the body leaves no such gap (RFC 7493 2.3).
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"duplicate key {key!r}")
+        seen.add(key)
+    return dict(pairs)
+
+
+def api_error(exc: ValidationError) -> ApiError:
+    """The 400 for the error of ``exc`` to report first."""
+    errors = exc.errors(include_url=False, include_input=False)
+    error = min(errors, key=lambda e: e["type"] not in _REPORTED_FIRST)
+    kind, loc, message = error["type"], error["loc"], error["msg"]
+    if kind == "extra_forbidden":
+        # An unknown key is named in full; the parameter at fault is the object holding it.
+        return invalid(f"unknown field {_path(loc)!r}", _path(loc[:-1]) or _path(loc))
+    if kind == CROSS_FIELD:
+        field = _ctx(error)["field"]
+        param = _path((*loc, field))
+        return invalid(message.replace(repr(field), repr(param), 1), param)
+    param = _path(loc)
+    if kind == "missing":
+        return invalid(f"{param!r} is required", param)
+    if kind == UNSUPPORTED:
+        return ApiError(400, UNSUPPORTED, f"{param!r} {message}", param=param)
+    return invalid(f"{param!r} {_as_rule(message)}", param)
+
+
+def _ctx(error: ErrorDetails) -> dict[str, Any]:
+    return dict(error.get("ctx") or {})
+
+
+def _as_rule(message: str) -> str:
+    for subject in _SUBJECTS:
+        if message.startswith(subject):
+            return "must" + message[len(subject) :]
+    return message.removeprefix("Value error, ")
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    """``('messages', 0, 'content')`` -> ``messages[0].content``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else part
+    return path
