@@ -2,6 +2,12 @@
 
 ``EngineCore.step`` is one tick and reads as its steps. Tests drive it in-process with the
 real model; ``proc.py`` wraps it with ZeroMQ and the board.
+
+Failures come in two tiers. Each per-request step (accept, slot grant, batch row, sampling)
+runs under ``_serving``: whatever goes wrong in it ends that request alone with
+``finish_reason: "error"``. A failure of the prefix cache also resets the cache, whose state
+may then be inconsistent. Anything else that escapes ``step`` or ``submit`` means the engine
+itself is broken; ``proc.py`` ends the process.
 """
 
 from __future__ import annotations
@@ -9,7 +15,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +28,7 @@ from tinyserve.engine.runtime import LlamaRuntime, Sampler
 from tinyserve.engine.sequence import Sequence, Status
 from tinyserve.engine.spans import SpanRecorder
 from tinyserve.engine.timeline import RecentTimelines, Timeline
+from tinyserve.errors import EngineFatalError, RequestError
 from tinyserve.logs import fields
 from tinyserve.protocol import (
     EVENT_ACCEPTED,
@@ -77,8 +85,10 @@ class EngineCore:
         runtime.clear()  # NOTE: all KV state must be ours: the accounting starts from empty
         self.blocks = BlockAccountant(self.n_ctx // config.block_size, config.block_size)
         self.policy: Policy = make_policy(config.policy, config.tenant_weight_map)
-        cache_seqs = range(config.slots, config.slots + config.cache_seqs)
-        self.cache = PrefixCache(runtime, self.blocks, cache_seqs) if config.prefix_cache else None
+        self._cache_seqs = range(config.slots, config.slots + config.cache_seqs)
+        self.cache = (
+            PrefixCache(runtime, self.blocks, self._cache_seqs) if config.prefix_cache else None
+        )
         self.slots: list[Sequence | None] = [None] * config.slots
         self.running: list[Sequence] = []  # in slot-grant order: earlier prefills go first
         self.samplers: dict[int, Sampler] = {}  # by slot
@@ -103,21 +113,31 @@ class EngineCore:
         if reason:
             self._reject(request, reason)
             return
-        hit = self.cache.lookup(request.prompt_ids) if self.cache else NO_HIT
-        need = self.blocks.blocks_for(len(request.prompt_ids) + request.max_tokens)
-        own = need - len(hit.block_ids)  # shared blocks are charged once, to the cache
+        seq = Sequence(request, [], 0, status=Status.NEW, policy_name=self.policy.name)
+        self.by_id[request.request_id] = seq  # from here a failure ends it like any request
+        with self._serving(seq, "accepting it"):
+            self._accept(seq)
+
+    def _accept(self, seq: Sequence) -> None:
+        request = seq.request
+        if self.cache:
+            with self._cache_call() as cache:
+                seq.hit = cache.lookup(request.prompt_ids)
+            seq.blocks = list(seq.hit.block_ids)  # pinned: held like its own blocks
+        # Shared blocks are charged once, to the cache.
+        own = self.blocks.blocks_for(seq.prompt_len + request.max_tokens) - len(seq.blocks)
         if not self._make_room(own):
-            if self.cache:
-                self.cache.unpin(hit)
+            del self.by_id[request.request_id]
+            self.blocks.release_all(seq.blocks)
             self._reject(request, REJECT_KV_CACHE_FULL)
             return
+        seq.blocks += self.blocks.allocate(own)
         self._arrivals += 1
-        blocks = hit.block_ids + self.blocks.allocate(own)
-        now = self.clock()
-        seq = Sequence(request, blocks, self._arrivals, hit=hit, policy_name=self.policy.name)
-        seq.timeline.accept(self.tick, now, own, self._grants, len(self.running), len(self.policy))
-        self.by_id[request.request_id] = seq
+        seq.order = self._arrivals
+        waiting = len(self.policy)
+        seq.timeline.accept(self.tick, self.clock(), own, self._grants, len(self.running), waiting)
         self.policy.add(seq)
+        seq.status = Status.WAITING
         self.outbox.event(request, EVENT_ACCEPTED, self.tick, own)
 
     def _rejection(self, request: Submit) -> str:
@@ -141,15 +161,16 @@ class EngineCore:
 
     def _make_room(self, n_blocks: int) -> bool:
         if self.cache:
-            return self.cache.make_room(n_blocks)
+            with self._cache_call() as cache:
+                return cache.make_room(n_blocks)
         return self.blocks.can_allocate(n_blocks)
 
-    def cancel(self, request_id: str, reason: str = FINISH_CANCELLED) -> bool:
+    def cancel(self, request_id: str, reason: str = FINISH_CANCELLED, detail: str = "") -> bool:
         """End a waiting or running request now; unknown ids (already finished) are ignored."""
         seq = self.by_id.get(request_id)
         if seq is None:
             return False
-        self._finish(seq, reason)
+        self._finish(seq, reason, detail)
         return True
 
     def cancel_frontend(self, frontend_id: str) -> int:
@@ -195,21 +216,27 @@ class EngineCore:
             seq = self.policy.pop_next()
             if seq is None:
                 return
-            seq.status, seq.slot = Status.PREFILL, slot
-            self.slots[slot] = seq
-            self.running.append(seq)
-            self.samplers[slot] = self.runtime.new_sampler(seq.request.sampling)
-            rule = self.policy.rule(seq)
-            seq.timeline.grant(self.tick + 1, now, slot, rule, self._grants)
-            self._grants += 1
-            # The rule's first word only: bounded, so metrics can count decisions by it.
-            self.outbox.event(seq.request, EVENT_SLOT, self.tick + 1, slot, rule.split(" ")[0])
-            if self.cache and seq.hit.n_tokens:
-                self.cache.attach(seq.hit, slot)
-                seq.n_past = seq.timeline.prefix_tokens = seq.hit.n_tokens
-                self.outbox.event(seq.request, EVENT_PREFIX_HIT, self.tick + 1, seq.n_past)
-            if log.isEnabledFor(logging.DEBUG):
-                self._log_grant(seq, rule)
+            with self._serving(seq, "granting it a slot"):
+                self._grant(seq, slot, now)
+
+    def _grant(self, seq: Sequence, slot: int, now: int) -> None:
+        # NOTE: slot state first, so that a failure below frees exactly this slot.
+        seq.status, seq.slot = Status.PREFILL, slot
+        self.slots[slot] = seq
+        self.running.append(seq)
+        rule = self.policy.rule(seq)
+        seq.timeline.grant(self.tick + 1, now, slot, rule, self._grants)
+        self._grants += 1
+        # The rule's first word only: bounded, so metrics can count decisions by it.
+        self.outbox.event(seq.request, EVENT_SLOT, self.tick + 1, slot, rule.split(" ")[0])
+        self.samplers[slot] = self.runtime.new_sampler(seq.request.sampling)
+        if self.cache and seq.hit.n_tokens:
+            with self._cache_call() as cache:
+                cache.attach(seq.hit, slot)
+            seq.n_past = seq.timeline.prefix_tokens = seq.hit.n_tokens
+            self.outbox.event(seq.request, EVENT_PREFIX_HIT, self.tick + 1, seq.n_past)
+        if log.isEnabledFor(logging.DEBUG):
+            self._log_grant(seq, rule)
 
     def _log_grant(self, seq: Sequence, rule: str) -> None:
         assert seq.timeline.slot is not None
@@ -231,23 +258,30 @@ class EngineCore:
         builder = self.runtime.batch
         builder.clear()
         rows: list[BatchRow] = []
-        for seq in self.running:
-            if seq.status is Status.DECODE:
+        # NOTE: a row is the last thing a step adds, so a request that fails has none.
+        for seq in [s for s in self.running if s.status is Status.DECODE]:
+            with self._serving(seq, "adding its token to the batch"):
                 rows.append(
                     BatchRow(seq, 1, builder.add(seq.last_token, seq.n_past, seq.slot, True))
                 )
-        for seq in self.running:
-            budget = min(self.config.max_batch_tokens, builder.capacity) - builder.n_tokens
-            n = min(seq.prefill_left, self.config.chunk, budget)
-            if n <= 0:
-                continue
-            last = seq.n_past + n == seq.prompt_len
-            row = builder.add_span(
-                seq.request.prompt_ids, seq.n_past, n, seq.n_past, seq.slot, last
-            )
-            rows.append(BatchRow(seq, n, row if last else -1))
-            self.outbox.event(seq.request, EVENT_PREFILL, self.tick + 1, n)
+        for seq in [s for s in self.running if s.prefill_left]:
+            with self._serving(seq, "adding its prompt to the batch"):
+                row = self._prefill_row(seq)
+                if row is not None:
+                    rows.append(row)
         return rows
+
+    def _prefill_row(self, seq: Sequence) -> BatchRow | None:
+        """The next chunk of ``seq``'s prompt, as much as the tick's token budget leaves."""
+        builder = self.runtime.batch
+        budget = min(self.config.max_batch_tokens, builder.capacity) - builder.n_tokens
+        n = min(seq.prefill_left, self.config.chunk, budget)
+        if n <= 0:
+            return None
+        last = seq.n_past + n == seq.prompt_len
+        row = builder.add_span(seq.request.prompt_ids, seq.n_past, n, seq.n_past, seq.slot, last)
+        self.outbox.event(seq.request, EVENT_PREFILL, self.tick + 1, n)
+        return BatchRow(seq, n, row if last else -1)
 
     def _decode(self, batch: list[BatchRow]) -> bool:
         started = time.perf_counter()
@@ -263,21 +297,26 @@ class EngineCore:
         return False
 
     def _sample(self, batch: list[BatchRow], now: int) -> None:
-        decode_ns = int(self._last_batch[2] * 1e9)
         for item in batch:
-            seq = item.seq
-            seq.n_past += item.n_tokens
-            self.policy.charge(seq, item.n_tokens)
-            if seq.status is Status.PREFILL:
-                seq.timeline.prefill_chunk(self.tick, item.n_tokens, now, decode_ns)
-            else:
-                seq.timeline.decode_tick(self.tick, len(batch), now)
-            if item.row < 0:
-                continue
-            if seq.status is Status.PREFILL:
-                seq.status = Status.DECODE
-                seq.timeline.first_token(now)
-            self._accept_token(seq, item.row)
+            with self._serving(item.seq, "sampling its next token"):
+                self._advance(item, len(batch), now)
+
+    def _advance(self, item: BatchRow, batch_size: int, now: int) -> None:
+        """Account for the rows ``item`` had decoded; take its next token if it has logits."""
+        seq = item.seq
+        seq.n_past += item.n_tokens
+        self.policy.charge(seq, item.n_tokens)
+        if seq.status is Status.PREFILL:
+            decode_ns = int(self._last_batch[2] * 1e9)
+            seq.timeline.prefill_chunk(self.tick, item.n_tokens, now, decode_ns)
+        else:
+            seq.timeline.decode_tick(self.tick, batch_size, now)
+        if item.row < 0:
+            return
+        if seq.status is Status.PREFILL:
+            seq.status = Status.DECODE
+            seq.timeline.first_token(now)
+        self._accept_token(seq, item.row)
 
     def _accept_token(self, seq: Sequence, row: int) -> None:
         token = self.samplers[seq.slot].sample(self.runtime.ctx, row)
@@ -296,13 +335,18 @@ class EngineCore:
             self._finish(seq, FINISH_LENGTH)
 
     def _finish(self, seq: Sequence, reason: str, detail: str = "") -> None:
-        self.policy.remove(seq)
-        if seq.status is not Status.WAITING:
-            # NOTE: after a failed decode the KV content is undefined: never cache it.
-            if self.cache and reason != FINISH_ERROR:
-                self.cache.park(seq.kv_tokens(), seq.blocks, seq.slot)
-            self._free_slot(seq)
+        """End ``seq``: free its slot and blocks, then report. Only a broken invariant of the
+        engine (block accounting, policy state) raises here; a failing prefix cache does not."""
+        if seq.status is not Status.NEW:
+            self.policy.remove(seq)
+        had_slot = seq.status in (Status.PREFILL, Status.DECODE)
         seq.status = Status.FINISHED
+        if had_slot:
+            # NOTE: after a failure (a failed decode included) the KV content may be wrong:
+            # never cache it.
+            if self.cache and reason != FINISH_ERROR:
+                reason, detail = self._park(seq, reason, detail)
+            self._free_slot(seq)
         self.blocks.release_all(seq.blocks)
         del self.by_id[seq.request_id]
         now = self.clock()
@@ -310,8 +354,20 @@ class EngineCore:
         timeline = self._record(seq.timeline)
         self.outbox.text(seq.request, seq.stops.flush())
         self.outbox.event(seq.request, EVENT_FINISHED, self.tick, seq.generated, reason)
-        self.outbox.finish(seq.request, reason, detail, seq.hit.n_tokens, timeline)
+        # Cached tokens are the ones a slot reused; a request that never got one reused none.
+        cached = seq.timeline.prefix_tokens
+        self.outbox.finish(seq.request, reason, detail, cached, timeline)
         self._finished_at.append(now)
+
+    def _park(self, seq: Sequence, reason: str, detail: str) -> tuple[str, str]:
+        """Cache the full blocks ``seq``'s slot holds. If the cache fails (and is reset), the
+        request ends with an error instead of ``reason``."""
+        try:
+            with self._cache_call() as cache:
+                cache.park(seq.kv_tokens(), seq.blocks, seq.slot)
+        except RequestError as exc:
+            return FINISH_ERROR, self._log_failure(seq, "caching its prefix", exc)
+        return reason, detail
 
     def _record(self, timeline: Timeline) -> dict[str, Any]:
         """Keep a finished request's timeline for queries and hand it to tracing."""
@@ -322,10 +378,95 @@ class EngineCore:
         return as_dict
 
     def _free_slot(self, seq: Sequence) -> None:
-        self.samplers.pop(seq.slot).free()
+        sampler = self.samplers.pop(seq.slot, None)  # None when the grant failed before it
+        if sampler is not None:
+            sampler.free()
         self.runtime.forget(seq.slot)
         self.slots[seq.slot] = None
         self.running.remove(seq)
+
+    # -- failures ----------------------------------------------------------------------------
+
+    @contextmanager
+    def _serving(self, seq: Sequence, step: str) -> Iterator[None]:
+        """One step of serving ``seq`` (``step`` says which, for the log). Whatever goes wrong
+        in it ends ``seq`` alone, with an error; the engine goes on."""
+        try:
+            yield
+        except EngineFatalError:
+            raise
+        except Exception as exc:
+            if seq.status is Status.FINISHED:
+                raise  # finishing it failed: an invariant of the whole engine is broken
+            self._finish(seq, FINISH_ERROR, self._log_failure(seq, step, exc))
+
+    def _log_failure(self, seq: Sequence, step: str, exc: Exception) -> str:
+        """One log line for a failed request; returns the detail its client gets."""
+        cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+        expected = isinstance(exc, RequestError) and cause is exc
+        log.error(
+            "request failed while %s; the engine goes on",
+            step,
+            exc_info=None if expected else cause,
+            extra=fields(request_id=seq.request_id, error=f"{type(cause).__name__}: {cause}"),
+        )
+        return str(exc) if isinstance(exc, RequestError) else f"internal error while {step}"
+
+    @contextmanager
+    def _cache_call(self) -> Iterator[PrefixCache]:
+        """A prefix-cache operation for the request being served. If it fails, the tree, the
+        cache sequences and the blocks' cached flags may disagree: rather than serve from a
+        wrong cache, every cached prefix is dropped, and the failure is that request's."""
+        assert self.cache is not None
+        try:
+            yield self.cache
+        except EngineFatalError:
+            raise
+        except Exception as exc:
+            self._reset_cache()
+            raise RequestError("prefix cache failure (the cache was reset)") from exc
+
+    def _reset_cache(self) -> None:
+        """Drop every cached prefix: cached flags, cache sequences' cells, the tree. Running
+        requests keep the cells they see (tagged with their slots); waiting ones lose their
+        hits, whose cells only cache sequences held."""
+        assert self.cache is not None
+        dropped = self.blocks.cached
+        try:
+            for block in range(self.blocks.total):
+                if self.blocks.is_cached(block):
+                    self.blocks.set_cached(block, False)  # an unreferenced block becomes free
+            for seq_id in self._cache_seqs:
+                self.runtime.forget(seq_id)
+            stats = self.cache.stats
+            self.cache = PrefixCache(self.runtime, self.blocks, self._cache_seqs)
+            self.cache.stats = stats  # counters carry on: metrics take them as increments
+            hits = [s for s in self.by_id.values() if s.status is Status.WAITING and s.hit.n_tokens]
+            for seq in hits:
+                self._drop_hit(seq)
+        except Exception as exc:
+            raise EngineFatalError("the prefix cache failed and could not be reset") from exc
+        log.error(
+            "prefix cache reset: every cached prefix dropped",
+            extra=fields(cached_blocks=dropped, waiting_hits_lost=len(hits)),
+        )
+
+    def _drop_hit(self, seq: Sequence) -> None:
+        """A waiting request whose cached prefix is gone prefills it, on blocks of its own."""
+        n = len(seq.hit.block_ids)
+        self.blocks.release_all(seq.blocks[:n])
+        seq.blocks, seq.hit = seq.blocks[n:], NO_HIT
+        if self.blocks.can_allocate(n):
+            seq.blocks = self.blocks.allocate(n) + seq.blocks
+        else:
+            self._finish(seq, FINISH_ERROR, "its cached prefix was dropped and no KV space is left")
+
+    def abandon(self, detail: str) -> list[TickOutput]:
+        """The engine cannot go on: every request in flight ends with an error. Only the outbox
+        is touched (the rest of the state may be what broke); pending updates go out too."""
+        for seq in self.by_id.values():
+            self.outbox.finish(seq.request, FINISH_ERROR, detail)
+        return self.outbox.flush(self.stats())
 
     # -- reporting ---------------------------------------------------------------------------
 

@@ -1,6 +1,10 @@
 """The engine process: ZeroMQ sockets, the board and signals around ``EngineCore``.
 
 Loop: receive (block only when idle) -> housekeeping -> one core step -> publish.
+
+An exception that escapes the loop is the second tier of failures (the core already ends a
+failing request on its own): the engine logs it once, sends every request in flight its
+error, and exits with status 1 for the launcher or systemd to restart it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import signal
 import threading
 import time
 from types import FrameType
+from typing import NoReturn
 
 import zmq
 
@@ -158,20 +163,40 @@ class EngineProcess:
     # -- the loop ----------------------------------------------------------------------------
 
     def serve(self) -> None:
-        while not self._finished():
-            self._receive(block=not self.core.has_work())
-            self._housekeeping()
-            step_ns = time.monotonic_ns()
-            outputs = self.core.step() if self.core.has_work() or self.core.outbox else []
-            # Board first: a frontend that sees a request's output also sees the capacity and
-            # counts of the tick that produced it.
-            self._publish_board(STATE_DRAINING if self.core.draining else STATE_READY)
-            self._publish(outputs)
-            self.meter.after_pass(self.core, outputs, step_ns)  # gauges too, when idle
-            self.heartbeat.progress_ns = time.monotonic_ns()
-        for request_id in list(self.core.by_id):
-            self.core.cancel(request_id, FINISH_ERROR)
-        self._publish(self.core.step())
+        """Serve until a drain ends. ``SystemExit(1)`` if the engine failed (see ``_fail``)."""
+        try:
+            while not self._finished():
+                self._pass()
+            for request_id in list(self.core.by_id):
+                self.core.cancel(request_id, FINISH_ERROR, "the engine stopped (drain timeout)")
+            self._publish(self.core.step())
+        except Exception as exc:
+            self._fail(exc)
+
+    def _pass(self) -> None:
+        self._receive(block=not self.core.has_work())
+        self._housekeeping()
+        step_ns = time.monotonic_ns()
+        outputs = self.core.step() if self.core.has_work() or self.core.outbox else []
+        # Board first: a frontend that sees a request's output also sees the capacity and
+        # counts of the tick that produced it.
+        self._publish_board(STATE_DRAINING if self.core.draining else STATE_READY)
+        self._publish(outputs)
+        self.meter.after_pass(self.core, outputs, step_ns)  # gauges too, when idle
+        self.heartbeat.progress_ns = time.monotonic_ns()
+
+    def _fail(self, exc: Exception) -> NoReturn:
+        """The engine itself is broken (the model or context, or an invariant of its state):
+        say so once, end every request in flight with an error, exit non-zero. ``run`` still
+        closes the sockets and the board on the way out."""
+        log.critical(
+            "engine failed, exiting with status 1: %s: %s", type(exc).__name__, exc, exc_info=exc
+        )
+        try:
+            self._publish(self.core.abandon(f"engine failed ({type(exc).__name__})"))
+        except Exception as again:  # the sockets themselves may be what failed
+            log.error("could not send in-flight requests their error: %r", again)
+        raise SystemExit(1) from None
 
     def _finished(self) -> bool:
         if not self.core.draining:

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tinyserve.config import Config
-from tinyserve.errors import EngineFatalError, ModelNotFoundError
+from tinyserve.errors import EngineFatalError, ModelNotFoundError, RequestError
 from tinyserve.model import resolve_model_path
 from tinyserve.protocol import SamplingParams
 from tinyserve_native.batch_builder import BatchBuilder
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 # ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation. Its info is our debug.
 _LLAMA_LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}
-_PIECE_BUF = 256
+_PIECE_BUF = 256  # bytes; grown when a token's text is longer
 
 
 @dataclass(frozen=True)
@@ -63,12 +63,26 @@ _LOG_CALLBACK = llama_cpp.llama_log_callback(_route_llama_log)
 
 
 class Sampler:
-    """One llama.cpp sampler chain, owned by one sequence."""
+    """One llama.cpp sampler chain, owned by one sequence.
+
+    ``RequestError`` if the chain cannot be built from ``params`` (nothing is left allocated
+    then) or, in ``sample``, if it picks a token outside the vocabulary.
+    """
 
     def __init__(self, params: SamplingParams, n_vocab: int, eog_tokens: list[int]) -> None:
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         chain_params.no_perf = True
+        self._n_vocab = n_vocab
         self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
+        if not self._chain:
+            raise RequestError("llama.cpp could not create a sampler chain")
+        try:
+            self._build(params, n_vocab, eog_tokens)
+        except BaseException:
+            self.free()  # nothing half-built stays allocated
+            raise
+
+    def _build(self, params: SamplingParams, n_vocab: int, eog_tokens: list[int]) -> None:
         if params.ignore_eos:
             banned = (llama_cpp.llama_logit_bias * len(eog_tokens))(
                 *(llama_cpp.llama_logit_bias(token, -math.inf) for token in eog_tokens)
@@ -92,11 +106,16 @@ class Sampler:
         self._add(llama_cpp.llama_sampler_init_dist(seed))
 
     def _add(self, sampler: int) -> None:
+        if not sampler:
+            raise RequestError("llama.cpp could not create a sampler stage")
         llama_cpp.llama_sampler_chain_add(self._chain, sampler)
 
     def sample(self, ctx: llama_cpp.llama_context_p, row: int) -> int:
         """Pick the next token from the logits of batch row ``row`` (also records it)."""
-        return int(llama_cpp.llama_sampler_sample(self._chain, ctx, row))
+        token = int(llama_cpp.llama_sampler_sample(self._chain, ctx, row))
+        if not 0 <= token < self._n_vocab:
+            raise RequestError(f"the sampler picked token {token}, outside the vocabulary")
+        return token
 
     def free(self) -> None:
         if self._chain is not None:
@@ -118,8 +137,10 @@ class LlamaRuntime:
         self.ctx = self._new_context(spec)
         self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
         self._memory = llama_cpp.llama_get_memory(self.ctx)
-        self._batch = llama_cpp.llama_batch_init(spec.n_batch, 0, 1)
-        self.batch = BatchBuilder(ctypes.addressof(self._batch), spec.n_batch)
+        # llama.cpp caps n_batch at n_ctx, and asserts (aborts) on a bigger batch: use its figure.
+        n_batch = min(spec.n_batch, int(llama_cpp.llama_n_batch(self.ctx)))
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self.batch = BatchBuilder(ctypes.addressof(self._batch), n_batch)
         self._piece = ctypes.create_string_buffer(_PIECE_BUF)
         log.info(
             "model loaded: %s (n_ctx=%d, n_seq_max=%d, n_batch=%d, threads=%d)",
@@ -169,11 +190,21 @@ class LlamaRuntime:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
     def piece(self, token: int) -> bytes:
-        """The raw bytes of one token (may be part of a UTF-8 character)."""
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece, _PIECE_BUF, 0, False)
+        """The raw bytes of one token (may be part of a UTF-8 character), however long."""
+        if not 0 <= token < self.n_vocab:
+            # NOTE: llama.cpp would throw a C++ exception for it, which ends the process.
+            raise RequestError(f"token {token} is outside the vocabulary")
+        n = self._token_to_piece(token)
+        if n < 0:  # the buffer is too small: llama.cpp returns minus the size it needs
+            self._piece = ctypes.create_string_buffer(-n)
+            n = self._token_to_piece(token)
         if n < 0:
-            raise EngineFatalError(f"token {token} piece longer than {_PIECE_BUF} bytes")
+            raise RequestError(f"llama.cpp could not render token {token} ({n})")
         return self._piece.raw[:n]
+
+    def _token_to_piece(self, token: int) -> int:
+        size = len(self._piece)
+        return int(llama_cpp.llama_token_to_piece(self._vocab, token, self._piece, size, 0, False))
 
     def logits(self, row: int) -> npt.NDArray[np.float32]:
         """The logits of one batch row: a view into llama.cpp's buffer, valid until the next
@@ -184,6 +215,8 @@ class LlamaRuntime:
     def logprobs(self, row: int, token: int, top_n: int) -> list[Any]:
         """``[logprob of token, [[id, logprob], ...] top_n best]`` under the model's raw
         distribution for batch row ``row`` (before temperature or other sampling steps)."""
+        if top_n >= self.n_vocab:
+            raise RequestError(f"logprobs={top_n}: the vocabulary has {self.n_vocab} tokens")
         logits = self.logits(row).astype(np.float64)
         peak = logits.max()
         logprobs = logits - (peak + np.log(np.exp(logits - peak).sum()))

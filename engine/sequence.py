@@ -12,6 +12,7 @@ from tinyserve.protocol import Submit
 
 
 class Status(enum.Enum):
+    NEW = "new"  # being accepted: holds only the blocks in ``blocks``, not in the policy yet
     WAITING = "waiting"  # accepted, blocks reserved, no slot yet
     PREFILL = "prefill"  # holds a slot, prompt not fully in the KV cache
     DECODE = "decode"  # generating one token per tick

@@ -21,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for role, text in _HELP.items():
         add_arguments(commands.add_parser(role, help=text, description=text), role)
     args = parser.parse_args(argv)
-    config = build_config(args)
+    config = build_config(args, role=args.command)
     if args.command == ENGINE:
         from tinyserve.engine.proc import run as run_engine
 

@@ -21,6 +21,11 @@ ENGINE = "engine"
 FRONTEND = "frontend"
 SERVE = "serve"
 
+# llama.cpp's LLAMA_MAX_SEQ (src/llama-cparams.h; ``llama_max_parallel_sequences()``): a
+# context with a larger n_seq_max is not created. Kept here so that config, which every
+# process imports, does not import llama_cpp; a test checks it against the library.
+LLAMA_MAX_SEQ = 256
+
 
 def _bool(text: str | bool) -> bool:
     if isinstance(text, bool):
@@ -299,8 +304,13 @@ def add_arguments(parser: argparse.ArgumentParser, role: str) -> None:
 def build_config(
     args: argparse.Namespace | dict[str, Any] | None = None,
     environ: dict[str, str] | os._Environ[str] | None = None,
+    role: str | None = None,
 ) -> Config:
-    """Resolve every option: explicit flag, then ``TINYSERVE_*`` variable, then default."""
+    """Resolve every option: explicit flag, then ``TINYSERVE_*`` variable, then default.
+
+    Settings that cannot work together are refused (``SystemExit`` with one line naming the
+    flags, like a bad variable): only among the options of ``role`` when given, so that a
+    frontend is not refused for engine settings it never uses."""
     env = os.environ if environ is None else environ
     given = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
     values: dict[str, Any] = {}
@@ -314,7 +324,33 @@ def build_config(
     if values["runtime_dir"] is None:
         values["runtime_dir"] = default_runtime_dir(env)
     values["runtime_dir"] = str(Path(values["runtime_dir"]).absolute())
-    return Config(**values)
+    config = Config(**values)
+    problem = conflict(config, role)
+    if problem:
+        raise SystemExit(problem)
+    return config
+
+
+def conflict(config: Config, role: str | None = None) -> str:
+    """Why the settings of ``role`` (all of them when None) cannot work together, or ""."""
+    if role is not None and role not in _ENG:
+        return ""  # every rule below is about engine settings
+    c = config
+    if c.slots > c.max_batch_tokens:
+        return (
+            f"--slots {c.slots} is more than --max-batch-tokens {c.max_batch_tokens}: every "
+            "running sequence needs one row in each batch"
+        )
+    if c.block_size > c.ctx:
+        return f"--block-size {c.block_size} is more than --ctx {c.ctx}: no KV block would fit"
+    if c.n_seq_max > LLAMA_MAX_SEQ:
+        if not c.prefix_cache:
+            return f"--slots {c.slots} is more than llama.cpp's {LLAMA_MAX_SEQ} sequence ids"
+        return (
+            f"--slots {c.slots} + --cache-seqs {c.cache_seqs} is more than llama.cpp's "
+            f"{LLAMA_MAX_SEQ} sequence ids (--no-prefix-cache needs no --cache-seqs)"
+        )
+    return ""
 
 
 def _parse_env(opt: Option, raw: str) -> Any:
@@ -333,7 +369,7 @@ def parse_args(role: str, argv: Sequence[str] | None = None) -> Config:
     """Parse ``argv`` for ``role`` and resolve the config in one call."""
     parser = argparse.ArgumentParser(prog=f"tinyserve {role}")
     add_arguments(parser, role)
-    return build_config(parser.parse_args(argv))
+    return build_config(parser.parse_args(argv), role=role)
 
 
 def notify_socket() -> str | None:

@@ -1,0 +1,74 @@
+"""Settings that cannot work together are refused at start-up, with one line naming them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import pytest
+
+from tinyserve import cli
+from tinyserve.config import ENGINE, FRONTEND, LLAMA_MAX_SEQ, SERVE, build_config
+
+REFUSED = [
+    ({"slots": 300, "max_batch_tokens": 256}, ["--slots 300", "--max-batch-tokens 256"]),
+    ({"block_size": 8192, "ctx": 4096}, ["--block-size 8192", "--ctx 4096"]),
+    ({"slots": 250, "max_batch_tokens": 512}, ["--slots 250", "--cache-seqs 16", "256"]),
+    (
+        {"slots": 257, "max_batch_tokens": 512, "prefix_cache": False},
+        ["--slots 257", "256"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("settings", "named"), REFUSED)
+@pytest.mark.parametrize("role", [ENGINE, SERVE, None])
+def test_settings_that_cannot_work_are_refused(
+    settings: dict[str, Any], named: list[str], role: str | None
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        build_config(settings, environ={}, role=role)
+    message = str(refused.value.code)
+    assert "\n" not in message
+    assert all(name in message for name in named), message
+
+
+def test_settings_at_the_limits_are_taken() -> None:
+    at_limits = {"slots": 240, "cache_seqs": 16, "max_batch_tokens": 240, "block_size": 256}
+    config = build_config({**at_limits, "ctx": 256}, environ={}, role=ENGINE)
+    assert config.n_seq_max == LLAMA_MAX_SEQ
+    build_config({"slots": 256, "prefix_cache": False, "max_batch_tokens": 256}, environ={})
+
+
+def test_the_environment_is_checked_too() -> None:
+    env = {"TINYSERVE_SLOTS": "300"}
+    with pytest.raises(SystemExit, match="--slots 300"):
+        build_config({}, environ=env, role=ENGINE)
+
+
+def test_a_frontend_is_not_refused_for_engine_settings_it_does_not_use() -> None:
+    env = {"TINYSERVE_SLOTS": "300", "TINYSERVE_MAX_BATCH_TOKENS": "256"}
+    assert build_config({}, environ=env, role=FRONTEND).slots == 300
+
+
+@pytest.mark.parametrize("command", ["engine", "serve"])
+def test_every_command_with_the_flags_refuses_them_before_starting(
+    command: str, tmp_path: Path
+) -> None:
+    argv = [command, "--runtime-dir", str(tmp_path), "--slots", "300", "--max-batch-tokens", "256"]
+    with pytest.raises(SystemExit) as refused:
+        cli.main(argv)
+    assert "--slots 300" in str(refused.value.code)
+    assert not list(tmp_path.iterdir())  # nothing was started or created
+
+
+def test_a_chunk_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["engine", "--chunk", "0"])
+    assert refused.value.code == 2
+    assert "--chunk: must be > 0" in capsys.readouterr().err
+
+
+def test_the_sequence_limit_is_llama_cpps() -> None:
+    assert llama_cpp.llama_max_parallel_sequences() == LLAMA_MAX_SEQ
