@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic.config import JsonDict
 
 from tinyserve.config import Config
@@ -17,11 +17,11 @@ from tinyserve.frontend.chat_template import ChatMessage as TemplateMessage
 from tinyserve.frontend.generation import Generation
 from tinyserve.frontend.models.common import (
     IGNORED,
+    RULE,
     Body,
     OnlyDefault,
     Text,
     cross_field,
-    must_be,
     schema_rule,
     unsupported,
 )
@@ -46,17 +46,19 @@ class TextPart(Body):
         return data
 
 
-def _text_as_part(value: Any) -> Any:
-    if isinstance(value, str):
-        return [{"type": "text", "text": value}]
-    if not isinstance(value, list):
-        raise must_be("a string or a non-empty list of text parts")
-    return value
+def _content_kind(value: Any) -> str | None:
+    return TEXT if isinstance(value, str) else PARTS if isinstance(value, list) else None
 
 
+TEXT, PARTS = "(text)", "(parts)"  # branch tags: ``parse._path`` leaves them out
 TextParts = Annotated[list[TextPart], Field(min_length=1)]
 Content = Annotated[
-    TextParts, BeforeValidator(_text_as_part, json_schema_input_type=Text | TextParts)
+    Annotated[Text, Tag(TEXT)] | Annotated[TextParts, Tag(PARTS)],
+    Discriminator(
+        _content_kind,
+        custom_error_type=RULE,
+        custom_error_message="must be a string or a non-empty list of text parts",
+    ),
 ]
 # Message fields of features we lack, accepted while empty (clients echo them back as null).
 EmptyOnly = Annotated[Any, OnlyDefault(("", [], {}))]
@@ -90,7 +92,8 @@ class ChatMessage(Body):
 
     def for_template(self) -> TemplateMessage:
         """This message as the chat template takes it."""
-        text = "\n".join(part.text for part in self.content or [])
+        content = self.content or ""
+        text = content if isinstance(content, str) else "\n".join(p.text for p in content)
         return TemplateMessage(ROLE_ALIASES.get(self.role, self.role), text, self.name)
 
 

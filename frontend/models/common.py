@@ -1,8 +1,9 @@
 """The rules every request body follows, and how replies are written.
 
 - ``Body``: unknown fields are refused; types are strict (a bool is never a number, a string
-  never a number or a bool); JSON ``null`` means the default of any known field, and the
-  document says so by letting every optional property be null.
+  never a number or a bool); JSON ``null`` means the default of any known field (``Request``
+  drops nulls; nested objects, validated many times per body, declare ``| None`` instead),
+  and the document says so by letting every optional property be null.
 - ``INTEGRAL``: an integral float (``2.0``) is the integer 2, as JSON Schema has it.
 - ``expect(phrase)``: any failure of a field's value is reported as "must be <phrase>", the
   rule the client can act on, instead of which inner check failed.
@@ -52,17 +53,10 @@ B = TypeVar("B", bound=BaseModel)
 
 
 class Body(BaseModel):
-    """A request body, or an object inside one."""
+    """An object of a request body; where null means a default other than None, the field
+    says so (``| None``) or the object is a ``Request``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_the_default(cls, data: Any) -> Any:
-        # An unknown field stays, null or not, so that it is still refused.
-        if not isinstance(data, dict):
-            return data
-        return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
 
     @classmethod
     def __get_pydantic_json_schema__(
@@ -76,6 +70,18 @@ class Body(BaseModel):
             if name not in required:
                 properties[name] = _nullable(prop)
         return json_schema
+
+
+class Request(Body):
+    """A request body: null means the default of any of its known fields."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        # An unknown field stays, null or not, so that it is still refused.
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
 
 
 class Reply(BaseModel):
@@ -191,7 +197,7 @@ class OnlyDefault:
         return {"description": "not supported: only the default", "enum": [None, *self.values]}
 
     def _check(self, value: Any) -> Any:
-        if any(_same_json(value, allowed) for allowed in self.values):
+        if value is None or any(_same_json(value, allowed) for allowed in self.values):
             return value
         accepted = " or ".join(repr(a) for a in (None, *self.values))
         raise unsupported(self.why or f"this server accepts only {accepted}")

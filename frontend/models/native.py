@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 from tinyserve.config import Config
 from tinyserve.frontend.generation import Generation
 from tinyserve.frontend.models.common import (
-    Body,
     Reply,
+    Request,
     Text,
     expect,
     is_none,
@@ -38,7 +38,7 @@ MAX_TOKENS_TEXT = (
 )
 
 
-class Sampling(Body):
+class Sampling(Request):
     """Sampling and scheduling fields of every generation request."""
 
     stream: bool = Field(False, description="reply as server-sent events")

@@ -47,8 +47,8 @@ ModelId = Annotated[Text, Field(min_length=1), expect("the id that GET /v1/model
 
 
 class StreamOptions(Body):
-    include_usage: bool = Field(False, description="end the stream with a usage chunk")
-    include_obfuscation: bool = Field(True, description=IGNORED)
+    include_usage: bool | None = Field(None, description="end the stream with a usage chunk")
+    include_obfuscation: bool | None = Field(None, description=IGNORED)
 
 
 # As OpenAI does: stream_options only with a stream.
@@ -85,7 +85,7 @@ class OpenAIRequest(Sampling):
     @property
     def include_usage(self) -> bool:
         """The stream ends with a usage chunk."""
-        return self.stream_options is not None and self.stream_options.include_usage
+        return self.stream_options is not None and bool(self.stream_options.include_usage)
 
     def with_defaults(self, prompt: str, max_tokens: int, logprobs: int) -> Generation:
         """The request with every default resolved; the surface gives what differs."""

@@ -82,7 +82,9 @@ def api_error(exc: ValidationError) -> ApiError:
     kind, loc, message = error["type"], error["loc"], error["msg"]
     if kind == "extra_forbidden":
         # An unknown key is named in full; the parameter at fault is the object holding it.
-        return invalid(f"unknown field {_path(loc)!r}", _path(loc[:-1]) or _path(loc))
+        holder = _path(loc[:-1])
+        name = f"{holder}.{loc[-1]}" if holder else str(loc[-1])
+        return invalid(f"unknown field {name!r}", holder or name)
     if kind == CROSS_FIELD:
         field = _ctx(error)["field"]
         param = _path((*loc, field))
@@ -107,8 +109,12 @@ def _as_rule(message: str) -> str:
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
-    """``('messages', 0, 'content')`` -> ``messages[0].content``."""
+    """``('messages', 0, 'content', '(parts)', 0)`` -> ``messages[0].content[0]``: the tag of
+    a union's branch, in parentheses, is no part of the path in the body."""
     path = ""
     for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else part
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not part.startswith("("):
+            path += f".{part}" if path else part
     return path
