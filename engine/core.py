@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -430,17 +430,10 @@ class EngineCore:
         """Drop every cached prefix: cached flags, cache sequences' cells, the tree. Running
         requests keep the cells they see (tagged with their slots); waiting ones lose their
         hits, whose cells only cache sequences held."""
-        assert self.cache is not None
-        dropped = self.blocks.cached
+        cached = self.blocks.cached
         try:
-            for block in range(self.blocks.total):
-                if self.blocks.is_cached(block):
-                    self.blocks.set_cached(block, False)  # an unreferenced block becomes free
-            for seq_id in self._cache_seqs:
-                self.runtime.forget(seq_id)
-            stats = self.cache.stats
-            self.cache = PrefixCache(self.runtime, self.blocks, self._cache_seqs)
-            self.cache.stats = stats  # counters carry on: metrics take them as increments
+            self._clear_cache()
+            stray = self._release_stray_references()
             hits = [s for s in self.by_id.values() if s.status is Status.WAITING and s.hit.n_tokens]
             for seq in hits:
                 self._drop_hit(seq)
@@ -448,8 +441,33 @@ class EngineCore:
             raise EngineFatalError("the prefix cache failed and could not be reset") from exc
         log.error(
             "prefix cache reset: every cached prefix dropped",
-            extra=fields(cached_blocks=dropped, waiting_hits_lost=len(hits)),
+            extra=fields(cached_blocks=cached, stray_refs=stray, waiting_hits_lost=len(hits)),
         )
+
+    def _clear_cache(self) -> None:
+        assert self.cache is not None
+        for block in range(self.blocks.total):
+            if self.blocks.is_cached(block):
+                self.blocks.set_cached(block, False)  # an unreferenced block becomes free
+        for seq_id in self._cache_seqs:
+            self.runtime.forget(seq_id)
+        stats = self.cache.stats
+        self.cache = PrefixCache(self.runtime, self.blocks, self._cache_seqs)
+        self.cache.stats = stats  # counters carry on: metrics take them as increments
+
+    def _release_stray_references(self) -> int:
+        """With nothing cached, every reference to a block is a request's: release the others
+        (pins a failed cache operation took and never gave back). Returns how many."""
+        held = Counter(block for seq in self.by_id.values() for block in seq.blocks)
+        stray = 0
+        for block in range(self.blocks.total):
+            extra = self.blocks.refcount(block) - held[block]
+            if extra < 0:
+                raise RuntimeError(f"block {block} has fewer references than requests hold")
+            for _ in range(extra):
+                self.blocks.release(block)
+            stray += extra
+        return stray
 
     def _drop_hit(self, seq: Sequence) -> None:
         """A waiting request whose cached prefix is gone prefills it, on blocks of its own."""

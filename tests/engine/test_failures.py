@@ -192,6 +192,30 @@ def test_cache_failure_while_parking_ends_that_request_and_keeps_nothing(
     assert driver.final(again).cached_tokens == 0
 
 
+def test_a_failed_park_leaves_no_block_referenced(
+    driver: Driver, runtime: LlamaRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    driver.submit(LONG, max_tokens=2)
+    driver.run()
+    real = runtime.share
+    failed: list[int] = []
+
+    def share(src: int, dst: int, start: int, end: int) -> None:
+        if dst >= driver.core.config.slots and not failed:  # into a cache sequence: a park
+            failed.append(dst)
+            raise RuntimeError("seq_cp failed")
+        real(src, dst, start, end)
+
+    monkeypatch.setattr(runtime, "share", share)
+    longer = driver.submit(LONG + list(range(2000, 2040)), max_tokens=2)  # extends the prefix
+    driver.run()
+    assert failed
+    final = driver.final(longer)
+    assert (final.finish_reason, final.cached_tokens) == (p.FINISH_ERROR, 96)
+    assert_idle(driver.core)
+    assert driver.core.blocks.free == driver.core.blocks.total  # no pin of the park is left
+
+
 def test_cache_failure_at_a_slot_grant_spares_the_waiting_hits(
     runtime: LlamaRuntime, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
