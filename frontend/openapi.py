@@ -21,24 +21,9 @@ from pydantic_core import core_schema
 
 from tinyserve.frontend.auth import OPEN_PATHS
 from tinyserve.frontend.keys import CONFIG
-from tinyserve.frontend.models.chat import ChatCompletionRequest
+from tinyserve.frontend.models import chat, native, openai_replies, openai_requests
 from tinyserve.frontend.models.common import limited
 from tinyserve.frontend.models.errors import Error, OpenAIError
-from tinyserve.frontend.models.native import (
-    GenerateEvent,
-    GenerateReply,
-    GenerateRequest,
-    RequestTimeline,
-    Status,
-)
-from tinyserve.frontend.models.openai_replies import (
-    ChatCompletion,
-    ChatCompletionChunk,
-    Completion,
-    CompletionChunk,
-    ModelList,
-)
-from tinyserve.frontend.models.openai_requests import CompletionRequest
 
 OPENAPI_VERSION = "3.1.0"
 BEARER = "bearer"  # the security scheme of the API keys
@@ -73,20 +58,22 @@ class Operation:
 
 _GENERATION_ERRORS = (400, 404, 415, 429, 500, 503)
 OPERATIONS: tuple[Operation, ...] = (
-    Operation("post", "/generate", "Generate a completion (native API)", GenerateReply,
-              GenerateRequest, GenerateEvent, (400, 415, 429, 500, 503)),
-    Operation("get", "/health", "200 while the process runs", Status),
-    Operation("get", "/ready", "200 once an engine serves this frontend", Status,
+    Operation("post", "/generate", "Generate a completion (native API)", native.GenerateReply,
+              native.GenerateRequest, native.GenerateEvent, (400, 415, 429, 500, 503)),
+    Operation("get", "/health", "200 while the process runs", native.Status),
+    Operation("get", "/ready", "200 once an engine serves this frontend", native.Status,
               errors=(503,)),
-    Operation("get", "/v1/models", "The served model", ModelList, errors=(503,),
+    Operation("get", "/v1/models", "The served model", openai_replies.ModelList, errors=(503,),
               error_schema=OpenAIError),
-    Operation("post", "/v1/completions", "OpenAI completions", Completion,
-              CompletionRequest, CompletionChunk, _GENERATION_ERRORS, OpenAIError),
-    Operation("post", "/v1/chat/completions", "OpenAI chat completions", ChatCompletion,
-              ChatCompletionRequest, ChatCompletionChunk, _GENERATION_ERRORS, OpenAIError),
+    Operation("post", "/v1/completions", "OpenAI completions", openai_replies.Completion,
+              openai_requests.CompletionRequest, openai_replies.CompletionChunk,
+              _GENERATION_ERRORS, OpenAIError),
+    Operation("post", "/v1/chat/completions", "OpenAI chat completions",
+              openai_replies.ChatCompletion, chat.ChatCompletionRequest,
+              openai_replies.ChatCompletionChunk, _GENERATION_ERRORS, OpenAIError),
     Operation("get", "/openapi.json", "This document", OpenAPIDocument),
     Operation("get", "/v1/requests/{request_id}", "Timeline of a recent request",
-              RequestTimeline, errors=(404, 503), error_schema=OpenAIError),
+              native.RequestTimeline, errors=(404, 503), error_schema=OpenAIError),
     Operation("get", "/metrics", "Prometheus metrics of the whole node (engine and every "
               "frontend)", MetricsText, media="text/plain"),
 )  # fmt: skip
@@ -128,22 +115,15 @@ def document(max_tokens_limit: int | None = None) -> dict[str, Any]:
 def components(max_tokens_limit: int | None) -> dict[str, Schema]:
     """The JSON Schema of every body: requests as they are validated, replies as they are
     written."""
-    requests = {op.request for op in OPERATIONS if op.request is not None}
-    replies = {m for op in OPERATIONS for m in (op.ok, op.events, op.error_schema) if m} - requests
+    requests = dict.fromkeys(op.request for op in OPERATIONS if op.request)
+    bodies = (m for op in OPERATIONS for m in (op.ok, op.events, op.error_schema) if m)
+    limit = max_tokens_limit
     models: list[tuple[Model, JsonSchemaMode]] = [
-        (_limited(m, max_tokens_limit), "validation") for m in _by_name(requests)
+        (m if limit is None else limited(m, limit), "validation") for m in requests
     ]
-    models += [(m, "serialization") for m in _by_name(replies)]
+    models += [(m, "serialization") for m in dict.fromkeys(bodies) if m not in requests]
     _, schema = models_json_schema(models, ref_template=REF, schema_generator=_Generator)
     return dict(sorted(schema["$defs"].items()))
-
-
-def _by_name(models: set[Model]) -> list[Model]:
-    return sorted(models, key=lambda m: m.__name__)
-
-
-def _limited(model: Model, max_tokens_limit: int | None) -> Model:
-    return model if max_tokens_limit is None else limited(model, max_tokens_limit)
 
 
 class _Generator(GenerateJsonSchema):

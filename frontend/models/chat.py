@@ -25,12 +25,8 @@ from tinyserve.frontend.models.common import (
     schema_rule,
     unsupported,
 )
-from tinyserve.frontend.models.fields import (
-    OutputLength,
-)
+from tinyserve.frontend.models.fields import OutputLength
 from tinyserve.frontend.models.openai_requests import STREAM_RULE, LogprobCount, OpenAIRequest
-
-ROLE_ALIASES = {"developer": "system"}
 
 
 class TextPart(Body):
@@ -94,7 +90,7 @@ class ChatMessage(Body):
         """This message as the chat template takes it."""
         content = self.content or ""
         text = content if isinstance(content, str) else "\n".join(p.text for p in content)
-        return TemplateMessage(ROLE_ALIASES.get(self.role, self.role), text, self.name)
+        return TemplateMessage("system" if self.role == "developer" else self.role, text, self.name)
 
 
 # Not expressible in the document, checked here: max_tokens and max_completion_tokens agree
@@ -155,27 +151,17 @@ class ChatCompletionRequest(OpenAIRequest):
     moderation: Annotated[Any, OnlyDefault()] = None
 
     @model_validator(mode="after")
-    def _top_logprobs_need_logprobs(self) -> Self:
+    def _rules_across_fields(self) -> Self:
         if self.top_logprobs is not None and not self.logprobs:
             raise cross_field("top_logprobs", "'top_logprobs' needs 'logprobs': true")
-        return self
-
-    @model_validator(mode="after")
-    def _one_output_length(self) -> Self:
         new, old = self.max_completion_tokens, self.max_tokens
         if new is not None and old is not None and new != old:
             message = "'max_tokens' and 'max_completion_tokens' differ"
             raise cross_field("max_completion_tokens", message)
-        return self
-
-    @model_validator(mode="after")
-    def _continuation(self) -> Self:
-        if not self.continue_final_message:
-            return self
-        if self.add_generation_prompt:
+        if self.continue_final_message and self.add_generation_prompt:
             message = "'continue_final_message' and 'add_generation_prompt' exclude each other"
             raise cross_field("add_generation_prompt", message)
-        if self.messages[-1].role != "assistant":
+        if self.continue_final_message and self.messages[-1].role != "assistant":
             message = "'continue_final_message' needs a final message from the assistant"
             raise cross_field("continue_final_message", message)
         return self
@@ -192,7 +178,7 @@ class ChatCompletionRequest(OpenAIRequest):
         are rendered."""
         max_tokens = self.max_completion_tokens or self.max_tokens or config.default_max_tokens
         logprobs = (self.top_logprobs or 0) if self.logprobs else -1
-        return self.with_defaults("", max_tokens, logprobs)
+        return self.resolved(prompt="", max_tokens=max_tokens, logprobs=logprobs)
 
     def template_messages(self) -> list[TemplateMessage]:
         """The messages as the chat template takes them."""

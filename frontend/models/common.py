@@ -1,18 +1,5 @@
-"""The rules every request body follows, and how replies are written.
-
-- ``Body``: unknown fields are refused; types are strict (a bool is never a number, a string
-  never a number or a bool); JSON ``null`` means the default of any known field (``Request``
-  drops nulls; nested objects, validated many times per body, declare ``| None`` instead),
-  and the document says so by letting every optional property be null.
-- ``INTEGRAL``: an integral float (``2.0``) is the integer 2, as JSON Schema has it.
-- ``expect(phrase)``: any failure of a field's value is reported as "must be <phrase>", the
-  rule the client can act on, instead of which inner check failed.
-- ``OnlyDefault``: a feature this server lacks, accepted while it asks for the default.
-- ``OUTPUT_LENGTH`` fields are bounded by the node's ``--max-tokens-limit``: ``limited`` makes
-  the model of one node, whose validation and JSON Schema both carry the limit.
-
-The field types built from these rules are in ``fields``.
-"""
+"""The rules every request body follows (docs/architecture.md, "The API declared once"),
+and how replies are written. The field types built from these rules are in ``fields``."""
 
 from __future__ import annotations
 
@@ -53,8 +40,11 @@ B = TypeVar("B", bound=BaseModel)
 
 
 class Body(BaseModel):
-    """An object of a request body; where null means a default other than None, the field
-    says so (``| None``) or the object is a ``Request``."""
+    """An object of a request body: unknown fields refused, strict types (a bool is never a
+    number, a string never a number); in the document every optional property may be null.
+    Where null means a default other than None, the field says so (``| None``), or the object
+    is a ``Request``: nested objects are validated many times per body, so they skip its
+    Python validator."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -112,14 +102,10 @@ def json_response(
 
 
 def _nullable(prop: JsonSchemaValue) -> JsonSchemaValue:
-    if "enum" in prop:
-        return {**prop, "enum": [*prop["enum"], *([None] if None not in prop["enum"] else [])]}
-    notes: JsonSchemaValue = {k: prop[k] for k in ("description", "default", "title") if k in prop}
+    notes: JsonSchemaValue = {k: prop[k] for k in ("description", "default") if k in prop}
     core = {k: v for k, v in prop.items() if k not in notes}
-    if not core:  # any value at all
-        return prop
-    if core.get("anyOf") and {"type": "null"} in core["anyOf"]:
-        return prop
+    if not core or {"type": "null"} in core.get("anyOf", ()) or None in core.get("enum", ()):
+        return prop  # null is valid already
     options = core["anyOf"] if list(core) == ["anyOf"] else [core]
     return {"anyOf": [*options, {"type": "null"}], **notes}
 
@@ -144,7 +130,7 @@ def expect(phrase: str) -> WrapValidator:
             own = next((e for e in exc.errors() if e["type"] in OWN_ERRORS), None)
             if own is not None:
                 raise _error(own["type"], own["msg"]) from None
-            raise must_be(phrase) from None
+            raise _error(RULE, f"must be {phrase}") from None
 
     return WrapValidator(check)
 
@@ -152,11 +138,6 @@ def expect(phrase: str) -> WrapValidator:
 def _error(type_: str, message: str, **ctx: Any) -> PydanticCustomError:
     # The message goes through the context: a template would read its braces as fields.
     return PydanticCustomError(type_, "{message}", {"message": message, **ctx})
-
-
-def must_be(phrase: str) -> PydanticCustomError:
-    """A value that breaks the rule of its field."""
-    return _error(RULE, f"must be {phrase}")
 
 
 def cross_field(field: str, message: str) -> PydanticCustomError:
@@ -205,18 +186,10 @@ class OnlyDefault:
 
 def _same_json(value: Any, allowed: Any) -> bool:
     # JSON equality: 1.0 is 1, but true is not 1 (Python says True == 1).
-    if isinstance(value, bool) or isinstance(allowed, bool):
-        return value is allowed
-    if isinstance(value, int | float) and isinstance(allowed, int | float):
-        return value == allowed
-    return type(value) is type(allowed) and bool(value == allowed)
+    return bool(value == allowed) and isinstance(value, bool) == isinstance(allowed, bool)
 
 
-class _OutputLength:
-    """Marks a field bounded by ``--max-tokens-limit`` (see ``limited``)."""
-
-
-OUTPUT_LENGTH = _OutputLength()
+OUTPUT_LENGTH = "output length"  # marks a field bounded by --max-tokens-limit (``limited``)
 
 Text = Annotated[str, AfterValidator(_unicode)]
 

@@ -1,19 +1,19 @@
-"""The field types the API surfaces share: each states its bounds once, for validation, for
-the document, and for the 400 that names the field ("must be ...")."""
+"""The field types the API surfaces share, each stating its bounds for validation, for the
+document and for the 400 that names the field ("must be ..."), and ``Sampling``: the fields
+of every generation request (``/generate``'s and the OpenAI requests')."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
-from tinyserve.frontend.models.common import INTEGRAL, OUTPUT_LENGTH, Text, expect
+from tinyserve.frontend.generation import Generation
+from tinyserve.frontend.models.common import INTEGRAL, OUTPUT_LENGTH, Request, Text, expect
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 64
-PRIORITY_RANGE = (-10, 10)
-TEMPERATURE_MAX = 2.0
-PENALTY_MAX = 2.0  # and -2
 SEED_MAX = 2**32 - 1  # llama.cpp seeds are uint32
 TOP_K_MAX = 2**31 - 1  # llama.cpp's top_k is an int32 (and msgpack stops at 64 bits)
 TENANT_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
@@ -28,9 +28,7 @@ OutputLength = Annotated[
     Annotated[int, Field(ge=1), INTEGRAL, expect("an integer of at least 1")] | None,
     OUTPUT_LENGTH,
 ]
-Temperature = Annotated[
-    float, Field(ge=0, le=TEMPERATURE_MAX), expect(f"a number between 0 and {TEMPERATURE_MAX:g}")
-]
+Temperature = Annotated[float, Field(ge=0, le=2), expect("a number between 0 and 2")]
 TopP = Annotated[float, Field(gt=0, le=1), expect("a number in (0, 1]")]
 TopK = Annotated[
     int, Field(ge=0, le=TOP_K_MAX), INTEGRAL, expect(f"an integer between 0 (off) and {TOP_K_MAX}")
@@ -38,22 +36,13 @@ TopK = Annotated[
 Seed = Annotated[
     int, Field(ge=0, le=SEED_MAX), INTEGRAL, expect(f"null or an integer between 0 and {SEED_MAX}")
 ]
-Priority = Annotated[
-    int,
-    Field(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1]),
-    INTEGRAL,
-    expect(f"an integer between {PRIORITY_RANGE[0]} and {PRIORITY_RANGE[1]}"),
-]
+Priority = Annotated[int, Field(ge=-10, le=10), INTEGRAL, expect("an integer between -10 and 10")]
 Tenant = Annotated[
     str,
     Field(pattern=TENANT_PATTERN),
     expect("1 to 64 characters of A-Z, a-z, 0-9, '.', '_', '-'"),
 ]
-Penalty = Annotated[
-    float,
-    Field(ge=-PENALTY_MAX, le=PENALTY_MAX),
-    expect(f"a number between {-PENALTY_MAX:g} and {PENALTY_MAX:g}"),
-]
+Penalty = Annotated[float, Field(ge=-2, le=2), expect("a number between -2 and 2")]
 StopString = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 Stop = Annotated[
@@ -64,3 +53,32 @@ Stop = Annotated[
         f"each 1 to {MAX_STOP_CHARS} characters"
     ),
 ]
+
+MAX_TOKENS_TEXT = (
+    "tokens to generate (--default-max-tokens when absent, at most --max-tokens-limit)"
+)
+
+
+_GENERATION = {field.name for field in dataclasses.fields(Generation)}
+
+
+class Sampling(Request):
+    """Sampling and scheduling fields of every generation request."""
+
+    stream: bool = Field(False, description="reply as server-sent events")
+    temperature: Temperature = Field(0.0, description="0 is greedy")
+    top_p: TopP = Field(1.0, description="nucleus sampling")
+    top_k: TopK = Field(0, description="0 disables it")
+    ignore_eos: bool = Field(False, description="never end at an end-of-generation token")
+    seed: Seed | None = Field(None, description="sampling seed; same seed, same text")
+    stop: Stop = Field(
+        [], description="generation ends before the first of these; the stop string is not returned"
+    )
+    priority: Priority = Field(0, description="larger is more important (--policy priority)")
+    tenant: Tenant = Field("default", description="fairness group")
+
+    def resolved(self, **overrides: Any) -> Generation:
+        """The request with every default resolved: each field ``Generation`` has too, by
+        name, then ``overrides``."""
+        shared = {name: getattr(self, name) for name in type(self).model_fields}
+        return Generation(**{k: v for k, v in shared.items() if k in _GENERATION} | overrides)

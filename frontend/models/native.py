@@ -1,7 +1,6 @@
 """The native API: ``POST /generate`` and its replies, ``/health`` and ``/ready``, errors.
 
-``Sampling`` holds the sampling and scheduling fields every generation surface shares (the
-OpenAI requests extend it). Replies: one JSON object (``GenerateReply``), or SSE whose events
+Replies: one JSON object (``GenerateReply``), or SSE whose events
 are text deltas, then exactly one final object (the reply's shape, with ``text`` empty) or a
 failure; ``timeline`` is there only when the request asked for it.
 """
@@ -14,58 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from tinyserve.config import Config
 from tinyserve.frontend.generation import Generation
-from tinyserve.frontend.models.common import (
-    Reply,
-    Request,
-    Text,
-    expect,
-    is_none,
-)
+from tinyserve.frontend.models.common import Reply, Text, expect, is_none
 from tinyserve.frontend.models.errors import ErrorDetail
-from tinyserve.frontend.models.fields import (
-    OutputLength,
-    Priority,
-    Seed,
-    Stop,
-    Temperature,
-    Tenant,
-    TopK,
-    TopP,
-)
-
-MAX_TOKENS_TEXT = (
-    "tokens to generate (--default-max-tokens when absent, at most --max-tokens-limit)"
-)
-
-
-class Sampling(Request):
-    """Sampling and scheduling fields of every generation request."""
-
-    stream: bool = Field(False, description="reply as server-sent events")
-    temperature: Temperature = Field(0.0, description="0 is greedy")
-    top_p: TopP = Field(1.0, description="nucleus sampling")
-    top_k: TopK = Field(0, description="0 disables it")
-    ignore_eos: bool = Field(False, description="never end at an end-of-generation token")
-    seed: Seed | None = Field(None, description="sampling seed; same seed, same text")
-    stop: Stop = Field(
-        [], description="generation ends before the first of these; the stop string is not returned"
-    )
-    priority: Priority = Field(0, description="larger is more important (--policy priority)")
-    tenant: Tenant = Field("default", description="fairness group")
-
-    def sampling(self) -> dict[str, Any]:
-        """These fields as keyword arguments of ``Generation``."""
-        return {
-            "stream": self.stream,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "ignore_eos": self.ignore_eos,
-            "seed": self.seed,
-            "stop": self.stop,
-            "priority": self.priority,
-            "tenant": self.tenant,
-        }
+from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, OutputLength, Sampling
 
 
 class GenerateRequest(Sampling):
@@ -79,12 +29,7 @@ class GenerateRequest(Sampling):
 
     def generation(self, config: Config) -> Generation:
         """The request with every default resolved."""
-        return Generation(
-            prompt=self.prompt,
-            max_tokens=self.max_tokens or config.default_max_tokens,
-            timeline=self.timeline,
-            **self.sampling(),
-        )
+        return self.resolved(max_tokens=self.max_tokens or config.default_max_tokens)
 
 
 # -- replies -------------------------------------------------------------------------------------
@@ -121,16 +66,19 @@ class NativeUsage(Reply):
     cached_tokens: int = Field(description="prompt tokens served from the prefix cache")
 
 
-class GenerateReply(Reply):
-    """The whole output; also the final event of a stream (with ``text`` empty)."""
-
+class _Final(Reply):
     id: str
-    text: str
-    finish_reason: NativeFinishReason
     usage: NativeUsage
     timeline: dict[str, Any] | None = Field(
         default=None, exclude_if=is_none, description="what GET /v1/requests/{id} answers"
     )
+
+
+class GenerateReply(_Final):
+    """The whole output; also the final event of a stream (with ``text`` empty)."""
+
+    text: str
+    finish_reason: NativeFinishReason
 
 
 class GenerateDelta(Reply):
@@ -140,16 +88,11 @@ class GenerateDelta(Reply):
     text: str
 
 
-class GenerateFailure(Reply):
+class GenerateFailure(_Final):
     """The final event of a stream that failed after it started."""
 
-    id: str
     error: ErrorDetail
     finish_reason: Literal["error"] = "error"
-    usage: NativeUsage
-    timeline: dict[str, Any] | None = Field(
-        default=None, exclude_if=is_none, description="what GET /v1/requests/{id} answers"
-    )
 
 
 class GenerateEvent(RootModel[GenerateDelta | GenerateReply | GenerateFailure]):

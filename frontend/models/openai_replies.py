@@ -52,18 +52,15 @@ class ChatLogprobs(Reply):
     refusal: None = None
 
 
-class CompletionChoice(Reply):
-    index: int = 0
-    text: str
-    logprobs: CompletionLogprobs | None
-    finish_reason: FinishReason
-
-
 class CompletionChunkChoice(Reply):
     index: int = 0
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: FinishReason | None
+
+
+class CompletionChoice(CompletionChunkChoice):
+    finish_reason: FinishReason
 
 
 class AssistantMessage(Reply):

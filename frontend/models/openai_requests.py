@@ -30,12 +30,13 @@ from tinyserve.frontend.models.common import (
     unsupported,
 )
 from tinyserve.frontend.models.fields import (
+    MAX_TOKENS_TEXT,
     TENANT_PATTERN,
     OutputLength,
     Penalty,
+    Sampling,
     Temperature,
 )
-from tinyserve.frontend.models.native import MAX_TOKENS_TEXT, Sampling
 
 MAX_LOGPROBS = 5
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; /generate's is 0 (greedy)
@@ -87,19 +88,10 @@ class OpenAIRequest(Sampling):
         """The stream ends with a usage chunk."""
         return self.stream_options is not None and bool(self.stream_options.include_usage)
 
-    def with_defaults(self, prompt: str, max_tokens: int, logprobs: int) -> Generation:
-        """The request with every default resolved; the surface gives what differs."""
-        fields = self.sampling()
+    def resolved(self, **overrides: Any) -> Generation:
         if "tenant" not in self.model_fields_set:
-            fields["tenant"] = _tenant_of_user(self.user)
-        return Generation(
-            prompt=prompt,
-            max_tokens=max_tokens,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            logprobs=logprobs,
-            **fields,
-        )
+            overrides["tenant"] = _tenant_of_user(self.user)
+        return super().resolved(**overrides)
 
 
 def _tenant_of_user(user: str) -> str:
@@ -154,10 +146,11 @@ class CompletionRequest(OpenAIRequest):
     def generation(self, config: Config) -> Generation:
         """The request with every default resolved; the prompt is empty when it came as token
         ids (``prompt_ids``)."""
-        text = self.prompt if isinstance(self.prompt, str) else ""
-        logprobs = -1 if self.logprobs is None else self.logprobs
-        max_tokens = self.max_tokens or config.default_max_tokens
-        return self.with_defaults(text, max_tokens, logprobs)
+        return self.resolved(
+            prompt=self.prompt if isinstance(self.prompt, str) else "",
+            max_tokens=self.max_tokens or config.default_max_tokens,
+            logprobs=-1 if self.logprobs is None else self.logprobs,
+        )
 
     @property
     def prompt_ids(self) -> list[int] | None:

@@ -10,11 +10,11 @@ feature we lack is reported before a bad value, since it says more about what we
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, TypeVar
 
 from aiohttp import hdrs, web
 from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails
 
 from tinyserve.config import Config
 from tinyserve.frontend.api_errors import UNSUPPORTED_MEDIA_TYPE, ApiError, invalid
@@ -23,9 +23,12 @@ from tinyserve.frontend.models.common import CROSS_FIELD, UNSUPPORTED, limited
 M = TypeVar("M", bound=BaseModel)
 
 _REPORTED_FIRST = frozenset({"extra_forbidden", UNSUPPORTED})
-# pydantic's own messages, as a rule of the field: "Input should be a valid boolean" ->
-# "'stream' must be a valid boolean".
-_SUBJECTS = ("Input should", "String should", "List should", "Value should", "Object should")
+# pydantic's own messages as a rule of the field: "Input should be a valid boolean" ->
+# "'stream' must be a valid boolean"; "List should have at least 1 item after validation" ->
+# "'messages' must have at least 1 item".
+_SUBJECT = re.compile(r"^\w+ should")
+# pydantic names the model class here, which means nothing to a client.
+_NOT_AN_OBJECT = frozenset({"model_type", "model_attributes_type", "dict_type"})
 
 
 async def json_body(request: web.Request) -> bytes:
@@ -86,7 +89,7 @@ def api_error(exc: ValidationError) -> ApiError:
         name = f"{holder}.{loc[-1]}" if holder else str(loc[-1])
         return invalid(f"unknown field {name!r}", holder or name)
     if kind == CROSS_FIELD:
-        field = _ctx(error)["field"]
+        field = (error.get("ctx") or {})["field"]
         param = _path((*loc, field))
         return invalid(message.replace(repr(field), repr(param), 1), param)
     param = _path(loc)
@@ -94,18 +97,10 @@ def api_error(exc: ValidationError) -> ApiError:
         return invalid(f"{param!r} is required", param)
     if kind == UNSUPPORTED:
         return ApiError(400, UNSUPPORTED, f"{param!r} {message}", param=param)
-    return invalid(f"{param!r} {_as_rule(message)}", param)
-
-
-def _ctx(error: ErrorDetails) -> dict[str, Any]:
-    return dict(error.get("ctx") or {})
-
-
-def _as_rule(message: str) -> str:
-    for subject in _SUBJECTS:
-        if message.startswith(subject):
-            return "must" + message[len(subject) :]
-    return message.removeprefix("Value error, ")
+    if kind in _NOT_AN_OBJECT:
+        return invalid(f"{param!r} must be an object", param)
+    rule = _SUBJECT.sub("must", message.replace(" after validation", ""))
+    return invalid(f"{param!r} {rule}", param)
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
