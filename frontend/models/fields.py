@@ -80,5 +80,6 @@ class Sampling(Request):
     def resolved(self, **overrides: Any) -> Generation:
         """The request with every default resolved: each field ``Generation`` has too, by
         name, then ``overrides``."""
-        shared = {name: getattr(self, name) for name in type(self).model_fields}
-        return Generation(**{k: v for k, v in shared.items() if k in _GENERATION} | overrides)
+        fields = type(self).model_fields
+        shared = {name: getattr(self, name) for name in _GENERATION if name in fields}
+        return Generation(**shared | overrides)
