@@ -10,7 +10,8 @@ Accounting is sharing-aware: a cached block is one kv_blocks id whatever number 
 see it; a request pins (acquires) the blocks it reuses when it is accepted and is charged only
 for the rest. Unreferenced cached blocks are evictable: they count as available, and are
 evicted leaf first, least recently used first, when a request needs room or a spare sequence
-id is needed.
+id is needed. Parking pins the prefix the tree already has while it evicts for a sequence id,
+so the new blocks always hang from cached blocks whose cells their holders still have.
 """
 
 from __future__ import annotations
@@ -80,8 +81,7 @@ class PrefixCache:
             self.stats.misses[MISS_SHORT] += 1
             return Hit(miss=MISS_SHORT)
         match = self.tree.match(list(prompt[:usable]))
-        for block in match.block_ids:
-            self.blocks.acquire(block)
+        self._pin(match.block_ids)
         self.stats.hit_tokens += match.n_tokens
         miss = ""
         if match.n_tokens < usable:
@@ -89,6 +89,10 @@ class PrefixCache:
             miss = MISS_EVICTED if _path_key(prompt[:next_end]) in self._evicted else MISS_NO_MATCH
             self.stats.misses[miss] += 1
         return Hit(match.n_tokens, list(match.block_ids), miss)
+
+    def _pin(self, block_ids: list[int]) -> None:
+        for block in block_ids:
+            self.blocks.acquire(block)
 
     def unpin(self, hit: Hit) -> None:
         """Give back a hit's pins (the request was rejected or ended)."""
@@ -114,43 +118,60 @@ class PrefixCache:
     def park(self, tokens: Tokens[int], block_ids: list[int], slot: int) -> int:
         """Keep the full blocks of ``tokens`` (what ``slot`` holds in the KV cache, block i
         accounted as ``block_ids[i]``) cached after the slot is freed; returns blocks added.
-        The caller still releases its references to ``block_ids`` afterwards."""
+        The caller still releases its references to ``block_ids`` afterwards: the blocks the
+        tree took stay cached, the others (copies of blocks it already had) become free."""
         n_full = min(len(tokens) // self.block_size, len(block_ids))
-        first_new = self._known_prefix(tokens, n_full)
-        if first_new == n_full:
+        full = list(tokens[: n_full * self.block_size])
+        known = self.tree.match(full).block_ids
+        if len(known) == n_full:
             return 0
-        holder = self._holder_for(tokens, first_new)
-        if holder < 0:
-            return 0
-        size = self.block_size
-        kept = self.tree.insert(list(tokens[: n_full * size]), block_ids[:n_full], holder)
-        added = [i for i in range(first_new, n_full) if kept[i] == block_ids[i]]
-        for i in added:
-            self.blocks.set_cached(block_ids[i], True)
-        if added:
-            start, end = added[0] * size, (added[-1] + 1) * size
-            self.runtime.share(slot, holder, start, end)
-            self.seq_end[holder] = max(self.seq_end.get(holder, 0), end)
-        elif holder not in self.tree.seqs_in_use():
-            self._release_seq(holder)
-        return len(added)
+        # NOTE: the known prefix is pinned while a holder is found: evicting for one must not
+        # take the blocks the new ones hang from, or the tree would name this request's blocks
+        # (soon free) at their positions, in a sequence that does not hold their cells.
+        self._pin(known)
+        try:
+            holder = self._holder_for(known)
+            if holder < 0:
+                return 0
+            return self._adopt(full, block_ids[:n_full], len(known), holder, slot)
+        finally:
+            self.blocks.release_all(known)
 
-    def _known_prefix(self, tokens: Tokens[int], n_full: int) -> int:
-        """How many of the first ``n_full`` blocks of ``tokens`` the tree already has."""
-        return self.tree.match(list(tokens[: n_full * self.block_size])).n_tokens // self.block_size
-
-    def _holder_for(self, tokens: Tokens[int], first_new: int) -> int:
-        """A cache sequence id to hold blocks ``first_new..``: the parent block's holder if it
-        holds nothing beyond (a conversation growing turn by turn), else a spare one."""
-        if first_new > 0:
-            parent = self.tree.match(list(tokens[: first_new * self.block_size])).block_ids[-1]
-            owner = self.tree.owner(parent)
-            if self.seq_end.get(owner) == first_new * self.block_size:
-                return owner
-        while not self.spare_seqs:
+    def _holder_for(self, known: list[int]) -> int:
+        """A cache sequence id to hold the blocks after ``known``: the holder of the last
+        known block if its cells end there (a conversation growing turn by turn), else a spare
+        one; evicts until one of them is there, -1 if nothing more can be evicted."""
+        while True:
+            extendable = self._extendable(known)
+            if extendable >= 0:
+                return extendable
+            if self.spare_seqs:
+                return self.spare_seqs.pop()
             if not self._evict_one():
                 return -1
-        return self.spare_seqs.pop()
+
+    def _extendable(self, known: list[int]) -> int:
+        """The holder of ``known``'s last block if it holds nothing beyond it, else -1."""
+        if not known:
+            return -1
+        owner = self.tree.owner(known[-1])
+        return owner if self.seq_end.get(owner) == len(known) * self.block_size else -1
+
+    def _adopt(
+        self, tokens: list[int], block_ids: list[int], first_new: int, holder: int, slot: int
+    ) -> int:
+        """Insert ``tokens`` with ``holder`` owning blocks ``first_new..`` (``slot``'s own,
+        now cached) and seeing their cells; returns how many."""
+        kept = self.tree.insert(tokens, block_ids, holder)
+        new = block_ids[first_new:]
+        assert kept[first_new:] == new, f"the tree kept {kept}, not our new blocks {new}"
+        for block in new:
+            self.blocks.set_cached(block, True)
+        start, end = first_new * self.block_size, len(tokens)
+        assert self.seq_end.get(holder, start) == start, f"seq {holder} holds cells past {start}"
+        self.runtime.share(slot, holder, start, end)
+        self.seq_end[holder] = end
+        return len(new)
 
     # -- eviction ----------------------------------------------------------------------------
 

@@ -1,0 +1,493 @@
+"""The prefix cache under any interleaving of requests, steps, finishes and cancels.
+
+Hypothesis drives the real ``EngineCore`` with the real ``PrefixCache``, ``BlockAccountant`` and
+radix tree over a model-free runtime that keeps llama.cpp's unified KV cells: each cell has a
+position, a token and the set of sequence ids that see it. Its "model" samples from a hash of
+the tokens a sequence sees at positions ``0..pos``, so a request that was handed a wrong or
+missing cell generates something else than the same request run alone would.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import llama_cpp
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from tinyserve import protocol as p
+from tinyserve.config import build_config
+from tinyserve.engine.core import EngineCore
+from tinyserve.engine.prefix_cache import PrefixCache
+from tinyserve.engine.sequence import Sequence, Status
+from tinyserve_native.batch_builder import BatchBuilder
+
+BLOCK = 4
+EOG = 0
+FRONTEND = "f" * 32
+TOKENS = st.integers(1, 3)
+SETTINGS = settings(
+    max_examples=100,
+    stateful_step_count=50,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    report_multiple_bugs=False,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def next_token(context: tuple[int, ...], sampling: p.SamplingParams) -> int:
+    """The fake model: what a sequence that sees ``context`` samples next. Tokens 1..3 (few,
+    so outputs often share prefixes) and, one time in ten, the end-of-generation token."""
+    h = hash((sampling.seed, *context)) & 0xFFFFFFFF
+    if h % 10 == 0 and not sampling.ignore_eos:
+        return EOG
+    return 1 + (h // 10) % 3
+
+
+def reference_output(request: p.Submit, n: int) -> tuple[list[int], int]:
+    """The first ``n`` tokens a request generates when run alone, and the token after them."""
+    context = list(request.prompt_ids)
+    for _ in range(n):
+        context.append(next_token(tuple(context), request.sampling))
+    return context[len(request.prompt_ids) :], next_token(tuple(context), request.sampling)
+
+
+@dataclass
+class Cell:
+    pos: int
+    token: int
+    seqs: set[int] = field(default_factory=set)
+
+
+class UnifiedKV:
+    """llama.cpp's unified KV cache as its cells: ``seq_cp`` adds a sequence id to cells,
+    ``seq_rm`` removes one, a cell no sequence sees is free; negative bounds are open."""
+
+    def __init__(self) -> None:
+        self.cells: list[Cell] = []
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        for cell in self._cells_of(src, p0, p1):
+            cell.seqs.add(dst)
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        for cell in self._cells_of(seq, p0, p1):
+            cell.seqs.discard(seq)
+        self.cells = [c for c in self.cells if c.seqs]
+
+    def _cells_of(self, seq: int, p0: int, p1: int) -> Iterator[Cell]:
+        low, high = max(p0, 0), sys.maxsize if p1 < 0 else p1
+        return (c for c in self.cells if seq in c.seqs and low <= c.pos < high)
+
+    def view(self, seq: int) -> dict[int, list[int]]:
+        """Position -> tokens of the cells ``seq`` sees there (one, unless something is wrong)."""
+        seen: dict[int, list[int]] = defaultdict(list)
+        for cell in self.cells:
+            if seq in cell.seqs:
+                seen[cell.pos].append(cell.token)
+        return dict(seen)
+
+
+def as_view(tokens: list[int], start: int = 0) -> dict[int, list[int]]:
+    return {start + i: [t] for i, t in enumerate(tokens)}
+
+
+class FakeSampler:
+    def __init__(self, runtime: FakeRuntime, params: p.SamplingParams) -> None:
+        self.runtime = runtime
+        self.params = params
+
+    def sample(self, _ctx: object, row: int) -> int:
+        return next_token(self.runtime.contexts[row], self.params)  # KeyError: no logits
+
+    def free(self) -> None:
+        pass
+
+
+class FakeRuntime:
+    """What ``EngineCore`` and ``PrefixCache`` use of ``LlamaRuntime``, without a model. The
+    batch is a real ``llama_batch`` written by the real ``BatchBuilder``; ``decode`` checks it
+    as llama.cpp does (a sequence's rows continue its cells; room for the new cells)."""
+
+    ctx = None
+
+    def __init__(self, n_ctx: int, n_seq_max: int, n_batch: int) -> None:
+        self.n_ctx = n_ctx
+        self.n_seq_max = n_seq_max
+        self.kv = UnifiedKV()
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self.batch = BatchBuilder(ctypes.addressof(self._batch), n_batch)
+        self.contexts: dict[int, tuple[int, ...]] = {}  # logits row -> tokens its sequence sees
+        self.errors: list[str] = []
+
+    def close(self) -> None:
+        llama_cpp.llama_batch_free(self._batch)
+
+    def clear(self) -> None:
+        self.kv.cells.clear()
+
+    def share(self, src: int, dst: int, start: int, end: int) -> None:
+        assert 0 <= src < self.n_seq_max and 0 <= dst < self.n_seq_max and src != dst
+        self.kv.seq_cp(src, dst, start, end)
+
+    def forget(self, seq_id: int, start: int = -1, end: int = -1) -> None:
+        assert 0 <= seq_id < self.n_seq_max
+        self.kv.seq_rm(seq_id, start, end)
+
+    def decode(self) -> int:
+        rows = self._rows()
+        error = self._invalid(rows) or self._no_room(rows)
+        if error:
+            self.errors.append(error)
+            return -1
+        for token, pos, seq, _ in rows:
+            self.kv.cells.append(Cell(pos, token, {seq}))
+        self.contexts = {
+            i: self._context(seq, pos) for i, (_, pos, seq, out) in enumerate(rows) if out
+        }
+        return 0
+
+    def _rows(self) -> list[tuple[int, int, int, bool]]:
+        b = self._batch
+        return [
+            (b.token[i], b.pos[i], b.seq_id[i][0], bool(b.logits[i])) for i in range(b.n_tokens)
+        ]
+
+    def _invalid(self, rows: list[tuple[int, int, int, bool]]) -> str:
+        """llama.cpp's batch check: a sequence's rows continue its cells position by position
+        (stricter: one without cells starts at 0, as nothing before may be missing)."""
+        by_seq: dict[int, list[int]] = defaultdict(list)
+        for _, pos, seq, _ in rows:
+            by_seq[seq].append(pos)
+        for seq, positions in by_seq.items():
+            held = self.kv.view(seq)
+            start = max(held) + 1 if held else 0
+            if not 0 <= seq < self.n_seq_max or positions != list(
+                range(start, start + len(positions))
+            ):
+                return f"seq {seq}: batch positions {positions}, its cells end at {start}"
+        return ""
+
+    def _no_room(self, rows: list[tuple[int, int, int, bool]]) -> str:
+        if len(self.kv.cells) + len(rows) > self.n_ctx:
+            return f"no room: {len(self.kv.cells)} cells used, {len(rows)} more of {self.n_ctx}"
+        return ""
+
+    def _context(self, seq: int, pos: int) -> tuple[int, ...]:
+        seen = self.kv.view(seq)
+        assert sorted(seen) == list(range(pos + 1)) and all(len(t) == 1 for t in seen.values()), (
+            f"seq {seq} computing position {pos} sees cells {seen}"
+        )
+        return tuple(seen[i][0] for i in range(pos + 1))
+
+    def new_sampler(self, params: p.SamplingParams) -> FakeSampler:
+        return FakeSampler(self, params)
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOG
+
+    def piece(self, token: int) -> bytes:
+        return b"<%d>" % token
+
+    def logprobs(self, _row: int, _token: int, _top_n: int) -> list[object]:
+        return [0.0, []]
+
+
+class CachedEngine:
+    """An ``EngineCore`` on a ``FakeRuntime`` with the prefix cache: submits, ticks and
+    cancels, and checks after each tick that the accounting, the radix tree and the KV cells
+    agree and that every finished request generated what it would have alone."""
+
+    def __init__(self, cache_seqs: int, slots: int, ctx_blocks: int, max_queue: int) -> None:
+        config = build_config(
+            {
+                "ctx": ctx_blocks * BLOCK,
+                "slots": slots,
+                "chunk": 6,
+                "max_batch_tokens": 12,
+                "block_size": BLOCK,
+                "max_queue": max_queue,
+                "cache_seqs": cache_seqs,
+                "threads": 1,
+            },
+            environ={},
+        )
+        self.runtime = FakeRuntime(config.ctx, config.n_seq_max, config.max_batch_tokens)
+        self.core = EngineCore(config, self.runtime, clock=lambda: 0)
+        self.cache_seq_ids = range(slots, slots + cache_seqs)
+        self.requests: dict[str, p.Submit] = {}
+        self.outputs: dict[str, list[int]] = defaultdict(list)
+        self.finishes: dict[str, p.RequestUpdate] = {}
+        self.could_not_fit: set[str] = set()  # may be rejected for room only if in here
+        self.history: list[list[int]] = []  # prompts, and prompts + outputs, to extend
+
+    @property
+    def cache(self) -> PrefixCache:
+        assert self.core.cache is not None
+        return self.core.cache
+
+    def submit(self, prompt: list[int], max_tokens: int, seed: int, ignore_eos: bool) -> str:
+        sampling = p.SamplingParams(temperature=1.0, seed=seed, ignore_eos=ignore_eos)
+        request = p.Submit(f"r{len(self.requests)}", FRONTEND, prompt, sampling, max_tokens)
+        self.requests[request.request_id] = request
+        self.history.append(prompt)
+        self.core.submit(request)
+        need = self.core.blocks.blocks_for(len(prompt) + max_tokens)
+        if self.core.blocks.free + self.core.blocks.cached < need:
+            self.could_not_fit.add(request.request_id)
+        return request.request_id
+
+    def tick(self) -> None:
+        for out in self.core.step():
+            for update in out.updates:
+                self.outputs[update.request_id] += update.token_ids
+                if update.finish_reason is not None:
+                    self._finished(update)
+        self.check()
+
+    def run_to_idle(self) -> None:
+        for _ in range(400):
+            busy = self.core.has_work()
+            self.tick()  # once more when idle: it publishes what the last finish left
+            if not busy:
+                break
+        assert not self.core.has_work(), "requests did not finish"
+        assert self.core.blocks.used == 0
+        assert self.core.blocks.cached == self.cache.tree.n_nodes
+
+    def _finished(self, update: p.RequestUpdate) -> None:
+        rid = update.request_id
+        self.finishes[rid] = update
+        request, output = self.requests[rid], self.outputs[rid]
+        assert update.finish_reason != p.FINISH_ERROR, (rid, update.detail, self.runtime.errors)
+        if update.detail == p.REJECT_KV_CACHE_FULL:
+            assert rid in self.could_not_fit, f"{rid} rejected for room while the room was there"
+        expected, after = reference_output(request, len(output))
+        assert output == expected, f"{rid} generated {output}, alone it would be {expected}"
+        if update.finish_reason == p.FINISH_STOP:
+            assert after == EOG
+        if update.finish_reason == p.FINISH_LENGTH:
+            assert len(output) == request.max_tokens
+        if output:
+            self.history.append(list(request.prompt_ids) + output)
+
+    # -- invariants --------------------------------------------------------------------------
+
+    def check(self) -> None:
+        assert not self.runtime.errors, self.runtime.errors
+        self.check_accounting()
+        self.check_tree()
+        self.check_cache_seqs()
+        self.check_requests()
+
+    def check_accounting(self) -> None:
+        """Refcounts are the live requests holding a block; cached blocks are the tree's."""
+        blocks, live = self.core.blocks, list(self.core.by_id.values())
+        assert blocks.free + blocks.used + blocks.cached == blocks.total
+        holders = [b for seq in live for b in seq.blocks]
+        for block in range(blocks.total):
+            assert blocks.refcount(block) == holders.count(block), f"block {block}"
+        assert blocks.used == len(set(holders))
+        in_tree = [b for b in range(blocks.total) if b in self.cache.tree]
+        assert [b for b in range(blocks.total) if blocks.is_cached(b)] == in_tree
+        assert blocks.cached == len([b for b in in_tree if blocks.refcount(b) == 0])
+        cells = len(self.runtime.kv.cells)
+        assert cells <= (blocks.used + blocks.cached) * BLOCK, f"{cells} cells, {blocks}"
+
+    def check_tree(self) -> None:
+        """Each cached block's owner sees exactly the block's tokens at its positions."""
+        tree, kv = self.cache.tree, self.runtime.kv
+        for block in range(self.core.blocks.total):
+            if block in tree:
+                path, owner = tree.path_tokens(block), tree.owner(block)
+                start = len(path) - BLOCK
+                seen = {pos: t for pos, t in kv.view(owner).items() if start <= pos < len(path)}
+                assert seen == as_view(path[start:], start), f"block {block} of seq {owner}"
+
+    def check_cache_seqs(self) -> None:
+        """A cache sequence sees the cells of the blocks it owns and nothing else; a spare one
+        sees nothing."""
+        cache, kv = self.cache, self.runtime.kv
+        in_use = cache.tree.seqs_in_use()
+        assert not in_use & set(cache.spare_seqs)
+        assert sorted(in_use | set(cache.spare_seqs)) == list(self.cache_seq_ids)
+        owned: dict[int, set[int]] = defaultdict(set)
+        for block in range(self.core.blocks.total):
+            if block in cache.tree:
+                end = len(cache.tree.path_tokens(block))
+                owned[cache.tree.owner(block)] |= set(range(end - BLOCK, end))
+        for seq in self.cache_seq_ids:
+            assert set(kv.view(seq)) == owned[seq], f"cache seq {seq}"
+
+    def check_requests(self) -> None:
+        """A running request's slot sees its own tokens at positions < n_past (handed over by
+        a hit or computed) and nothing else; a free slot sees nothing; a hit is pinned."""
+        for slot, seq in enumerate(self.core.slots):
+            seen = self.runtime.kv.view(slot)
+            if seq is None:
+                assert not seen, f"free slot {slot} sees {seen}"
+            else:
+                assert seq.status in (Status.PREFILL, Status.DECODE)
+                assert seen == as_view(seq.kv_tokens()), f"slot {slot} of {seq.request_id}"
+        for seq in self.core.by_id.values():
+            self._check_hit(seq)
+
+    def _check_hit(self, seq: Sequence) -> None:
+        block_ids = seq.hit.block_ids
+        assert seq.blocks[: len(block_ids)] == block_ids
+        if block_ids:
+            tree = self.cache.tree
+            assert tree.path_tokens(block_ids[-1]) == seq.request.prompt_ids[: seq.hit.n_tokens]
+
+
+# -- worked examples ---------------------------------------------------------------------------
+
+
+def test_same_prompt_twice_then_an_extension_with_one_cache_seq() -> None:
+    """Issue 11's report: parking the second copy needed the only cache sequence, whose
+    eviction took the shared block the copy had counted as known; the tree then named the
+    copy's own block there (freed next), and the extension's hit acquired a free block."""
+    engine = CachedEngine(cache_seqs=1, slots=2, ctx_blocks=24, max_queue=6)
+    prompt = [1, 2, 3, 1, 2, 3]  # one full block before the last token
+    engine.submit(prompt, 8, seed=1, ignore_eos=True)
+    engine.submit(prompt, 3, seed=2, ignore_eos=True)
+    engine.run_to_idle()
+    extended = engine.submit([*prompt, 3, 3], 2, seed=3, ignore_eos=True)
+    engine.run_to_idle()
+    assert engine.finishes[extended].cached_tokens == BLOCK
+    engine.runtime.close()
+
+
+def test_every_cache_seq_pinned_when_a_copy_parks() -> None:
+    """The same with 16 cache sequences: each holds a prefix that a waiting request pinned,
+    so parking the copy evicts down the known prefix's own sequence."""
+    engine = CachedEngine(cache_seqs=16, slots=1, ctx_blocks=64, max_queue=24)
+    branches = [[a, b, c, 1] for a in (1, 2, 3) for b in (1, 2, 3) for c in (1, 2)][:15]
+    for branch in branches:
+        engine.submit([*branch, 1], 1, seed=0, ignore_eos=True)  # parks one block
+    engine.run_to_idle()
+    prompt = [3, 3, 3, 3, 3, 3]
+    engine.submit(prompt, 8, seed=1, ignore_eos=True)
+    engine.submit(prompt, 3, seed=2, ignore_eos=True)
+    for branch in branches:
+        engine.submit([*branch, 2, 2], 1, seed=0, ignore_eos=True)  # a hit, waiting
+    engine.run_to_idle()
+    assert len(engine.cache.tree.seqs_in_use()) == 16
+    extended = engine.submit([*prompt, 3, 3], 2, seed=3, ignore_eos=True)
+    engine.run_to_idle()
+    assert engine.finishes[extended].cached_tokens == BLOCK
+    engine.runtime.close()
+
+
+# -- any interleaving --------------------------------------------------------------------------
+
+
+class PrefixCacheMachine(RuleBasedStateMachine):
+    """Random submits, ticks and cancels over a ``CachedEngine``, which checks everything
+    after every tick."""
+
+    cache_seqs = 16
+    max_queue = 6
+
+    @initialize(slots=st.integers(1, 3), ctx_blocks=st.sampled_from([8, 12, 24, 48]))
+    def start(self, slots: int, ctx_blocks: int) -> None:
+        self.engine = CachedEngine(self.cache_seqs, slots, ctx_blocks, self.max_queue)
+
+    def teardown(self) -> None:
+        if hasattr(self, "engine"):
+            try:
+                self.engine.run_to_idle()  # every request accepted finishes as it should
+            finally:
+                self.engine.runtime.close()
+
+    @rule(
+        pick=st.integers(0, 1000),
+        keep=st.integers(0, 40),
+        suffix=st.lists(TOKENS, max_size=9),
+        max_tokens=st.lists(st.integers(1, 12), min_size=1, max_size=3),
+        seed=st.integers(0, 1000),
+        ignore_eos=st.booleans(),
+    )
+    def submit(
+        self,
+        pick: int,
+        keep: int,
+        suffix: list[int],
+        max_tokens: list[int],
+        seed: int,
+        ignore_eos: bool,
+    ) -> None:
+        """One prompt (fresh, or cut from / extending an earlier prompt or prompt + output),
+        submitted once per ``max_tokens`` entry, each with its own seed: identical prompts at
+        once when there are several."""
+        prompt = self._earlier(pick, keep) + suffix or [1]
+        for i, limit in enumerate(max_tokens):
+            self.engine.submit(prompt, limit, seed + i, ignore_eos)
+
+    @rule(
+        pick=st.integers(0, 1000),
+        keep=st.integers(0, 40),
+        tails=st.lists(st.lists(TOKENS, min_size=1, max_size=8), min_size=2, max_size=8),
+        max_tokens=st.integers(1, 6),
+        seed=st.integers(0, 1000),
+    )
+    def submit_branches(
+        self, pick: int, keep: int, tails: list[list[int]], max_tokens: int, seed: int
+    ) -> None:
+        """Prompts that share a prefix and then diverge, at once: each parks a branch."""
+        base = self._earlier(pick, keep)
+        for i, tail in enumerate(tails):
+            self.engine.submit(base + tail, max_tokens, seed + i, True)
+
+    @rule(picks=st.lists(st.integers(0, 1000), min_size=2, max_size=8), extra=TOKENS)
+    def resubmit_earlier(self, picks: list[int], extra: int) -> None:
+        """Earlier prompts or prompts + outputs, one token longer, at once: many hits."""
+        for i, pick in enumerate(picks):
+            self.engine.submit([*self._earlier(pick, sys.maxsize), extra], 2, i, False)
+
+    def _earlier(self, pick: int, keep: int) -> list[int]:
+        history = self.engine.history
+        return history[pick % len(history)][:keep] if history else []
+
+    @rule(ticks=st.integers(1, 12))
+    def step(self, ticks: int) -> None:
+        for _ in range(ticks):
+            self.engine.tick()
+
+    @precondition(lambda self: hasattr(self, "engine") and self.engine.core.has_work())
+    @rule(pick=st.integers(0, 100))
+    def cancel(self, pick: int) -> None:
+        """A waiting or running request, ended now."""
+        live = sorted(self.engine.core.by_id)
+        self.engine.core.cancel(live[pick % len(live)])
+
+    @rule()
+    def run_to_idle(self) -> None:
+        self.engine.run_to_idle()
+
+    @invariant()
+    def consistent(self) -> None:
+        self.engine.check()
+
+
+# With 16 cache sequences, every one is in use and pinned only with many requests waiting.
+@pytest.mark.parametrize(("cache_seqs", "max_queue"), [(1, 6), (2, 6), (16, 24)])
+def test_prefix_cache_under_any_interleaving(cache_seqs: int, max_queue: int) -> None:
+    limits = {"cache_seqs": cache_seqs, "max_queue": max_queue}
+    machine = type(f"Machine{cache_seqs}", (PrefixCacheMachine,), limits)
+    run_state_machine_as_test(machine, settings=SETTINGS)
