@@ -85,10 +85,8 @@ class EngineCore:
         runtime.clear()  # NOTE: all KV state must be ours: the accounting starts from empty
         self.blocks = BlockAccountant(self.n_ctx // config.block_size, config.block_size)
         self.policy: Policy = make_policy(config.policy, config.tenant_weight_map)
-        self._cache_seqs = range(config.slots, config.slots + config.cache_seqs)
-        self.cache = (
-            PrefixCache(runtime, self.blocks, self._cache_seqs) if config.prefix_cache else None
-        )
+        cache_seqs = range(config.slots, config.slots + config.cache_seqs)
+        self.cache = PrefixCache(runtime, self.blocks, cache_seqs) if config.prefix_cache else None
         self.slots: list[Sequence | None] = [None] * config.slots
         self.running: list[Sequence] = []  # in slot-grant order: earlier prefills go first
         self.samplers: dict[int, Sampler] = {}  # by slot
@@ -432,7 +430,8 @@ class EngineCore:
         hits, whose cells only cache sequences held."""
         cached = self.blocks.cached
         try:
-            self._clear_cache()
+            assert self.cache is not None
+            self.cache.reset()
             stray = self._release_stray_references()
             hits = [s for s in self.by_id.values() if s.status is Status.WAITING and s.hit.n_tokens]
             for seq in hits:
@@ -443,17 +442,6 @@ class EngineCore:
             "prefix cache reset: every cached prefix dropped",
             extra=fields(cached_blocks=cached, stray_refs=stray, waiting_hits_lost=len(hits)),
         )
-
-    def _clear_cache(self) -> None:
-        assert self.cache is not None
-        for block in range(self.blocks.total):
-            if self.blocks.is_cached(block):
-                self.blocks.set_cached(block, False)  # an unreferenced block becomes free
-        for seq_id in self._cache_seqs:
-            self.runtime.forget(seq_id)
-        stats = self.cache.stats
-        self.cache = PrefixCache(self.runtime, self.blocks, self._cache_seqs)
-        self.cache.stats = stats  # counters carry on: metrics take them as increments
 
     def _release_stray_references(self) -> int:
         """With nothing cached, every reference to a block is a request's: release the others

@@ -63,11 +63,26 @@ class PrefixCache:
         self.runtime = runtime
         self.blocks = blocks
         self.block_size = blocks.block_size
+        self.cache_seqs = cache_seqs
         self.tree = RadixTree(self.block_size)
         self.spare_seqs = list(reversed(cache_seqs))
         self.seq_end: dict[int, int] = {}  # cache seq id -> end position of the cells it holds
         self.stats = CacheStats()
         self._evicted: OrderedDict[int, None] = OrderedDict()
+
+    def reset(self) -> None:
+        """Drop every cached prefix: the blocks' cached flags (an unreferenced block becomes
+        free), the cache sequences' cells, the tree. Pins stay with whoever holds them; the
+        counters carry on (metrics take them as increments)."""
+        for block in range(self.blocks.total):
+            if self.blocks.is_cached(block):
+                self.blocks.set_cached(block, False)
+        for seq in self.cache_seqs:
+            self.runtime.forget(seq)
+        self.tree = RadixTree(self.block_size)
+        self.spare_seqs = list(reversed(self.cache_seqs))
+        self.seq_end.clear()
+        self._evicted.clear()
 
     # -- lookup at acceptance ----------------------------------------------------------------
 
