@@ -39,6 +39,24 @@ def accepted(**fields: Any) -> dict[str, Any]:
     return {"events": [protocol.Event(protocol.EVENT_ACCEPTED, tick=0)], **fields}
 
 
+def with_logprobs(submit: protocol.Submit) -> list[Tick]:
+    """Two tokens with logprobs, in two ticks; one prompt token from the prefix cache."""
+    return [
+        [accepted()],
+        [{"token_ids": [28], "text": b",", "logprobs": [[-0.5, [[28, -0.5], [30, -1.5]]]]}],
+        [
+            {
+                "token_ids": [30],
+                "text": b".",
+                "logprobs": [[-0.25, [[30, -0.25], [28, -2.0]]]],
+                "finish_reason": protocol.FINISH_LENGTH,
+                "prompt_tokens": len(submit.prompt_ids),
+                "cached_tokens": 1,
+            }
+        ],
+    ]
+
+
 def default_script(submit: protocol.Submit) -> list[Tick]:
     """Accept, send "Hello" in two pieces, finish with ``stop``."""
     return [

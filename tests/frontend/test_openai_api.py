@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
-from tests.frontend.harness import MAX_QUEUE, FakeEngine, accepted
+from tests.frontend.harness import MAX_QUEUE, FakeEngine, accepted, with_logprobs
 from tinyserve import protocol
 
 Client = TestClient[Any, Any]
@@ -30,24 +30,6 @@ async def openai_error(response: Any, status: int) -> dict[str, Any]:
     body = await response.json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
     return dict(body["error"])
-
-
-def with_logprobs(submit: protocol.Submit) -> list[list[dict[str, Any]]]:
-    """Two tokens with logprobs, in two ticks."""
-    return [
-        [accepted()],
-        [{"token_ids": [28], "text": b",", "logprobs": [[-0.5, [[28, -0.5], [30, -1.5]]]]}],
-        [
-            {
-                "token_ids": [30],
-                "text": b".",
-                "logprobs": [[-0.25, [[30, -0.25], [28, -2.0]]]],
-                "finish_reason": protocol.FINISH_LENGTH,
-                "prompt_tokens": len(submit.prompt_ids),
-                "cached_tokens": 1,
-            }
-        ],
-    ]
 
 
 async def test_models(served: Client) -> None:

@@ -10,7 +10,7 @@ import jsonschema_rs
 import pytest
 from aiohttp.test_utils import TestClient
 
-from tests.frontend.harness import FakeEngine, accepted
+from tests.frontend.harness import FakeEngine, accepted, with_logprobs
 from tinyserve import protocol
 from tinyserve.frontend.openapi import document
 
@@ -81,22 +81,6 @@ def test_output_lengths_carry_the_node_limit(schema: str, fields: list[str]) -> 
 def sse_payloads(body: bytes) -> list[Any]:
     events = body.decode().split("\n\n")
     return [json.loads(e.removeprefix("data: ")) for e in events[:-1] if e != "data: [DONE]"]
-
-
-def with_logprobs(submit: protocol.Submit) -> list[list[dict[str, Any]]]:
-    return [
-        [accepted()],
-        [{"token_ids": [28], "text": b",", "logprobs": [[-0.5, [[28, -0.5], [30, -1.5]]]]}],
-        [
-            {
-                "token_ids": [30],
-                "text": b".",
-                "logprobs": [[-0.25, [[30, -0.25], [28, -2.0]]]],
-                "finish_reason": protocol.FINISH_LENGTH,
-                "prompt_tokens": len(submit.prompt_ids),
-            }
-        ],
-    ]
 
 
 GENERATION_CASES = [
