@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from tinyserve.engine.runtime import LlamaRuntime
 from tinyserve_native.kv_blocks import BlockAccountant
-from tinyserve_native.radix import RadixTree
+from tinyserve_native.radix import Match, RadixTree
 
 MISS_SHORT = "short"  # the prompt has no full block before its last token
 MISS_NO_MATCH = "no_match"  # nothing cached starts this way
@@ -134,55 +134,50 @@ class PrefixCache:
         """Keep the full blocks of ``tokens`` (what ``slot`` holds in the KV cache, block i
         accounted as ``block_ids[i]``) cached after the slot is freed; returns blocks added.
         The caller still releases its references to ``block_ids`` afterwards: the blocks the
-        tree took stay cached, the others (copies of blocks it already had) become free."""
+        tree took stay cached, the others (copies of blocks it already had) become free.
+        One walk down the tree: the match; the new blocks are hung below its last node."""
         n_full = min(len(tokens) // self.block_size, len(block_ids))
         full = list(tokens[: n_full * self.block_size])
-        known = self.tree.match(full).block_ids
-        if len(known) == n_full:
+        known = self.tree.match(full)
+        if len(known.block_ids) == n_full:
             return 0
         # NOTE: the known prefix is pinned while a holder is found: evicting for one must not
         # take the blocks the new ones hang from, or the tree would name this request's blocks
         # (soon free) at their positions, in a sequence that does not hold their cells.
-        self._pin(known)
+        self._pin(known.block_ids)
         try:
             holder = self._holder_for(known)
             if holder < 0:
                 return 0
-            return self._adopt(full, block_ids[:n_full], len(known), holder, slot)
+            return self._adopt(full, block_ids[:n_full], known.block_ids, holder, slot)
         finally:
-            self.blocks.release_all(known)
+            self.blocks.release_all(known.block_ids)
 
-    def _holder_for(self, known: list[int]) -> int:
+    def _holder_for(self, known: Match) -> int:
         """A cache sequence id to hold the blocks after ``known``: the holder of the last
         known block if its cells end there (a conversation growing turn by turn), else a spare
         one; evicts until one of them is there, -1 if nothing more can be evicted."""
         while True:
-            extendable = self._extendable(known)
-            if extendable >= 0:
-                return extendable
+            if self.seq_end.get(known.seq_id, -1) == known.n_tokens > 0:
+                return known.seq_id
             if self.spare_seqs:
                 return self.spare_seqs.pop()
             if not self._evict_one():
                 return -1
 
-    def _extendable(self, known: list[int]) -> int:
-        """The holder of ``known``'s last block if it holds nothing beyond it, else -1."""
-        if not known:
-            return -1
-        owner = self.tree.owner(known[-1])
-        return owner if self.seq_end.get(owner) == len(known) * self.block_size else -1
-
     def _adopt(
-        self, tokens: list[int], block_ids: list[int], first_new: int, holder: int, slot: int
+        self, tokens: list[int], block_ids: list[int], known: list[int], holder: int, slot: int
     ) -> int:
-        """Insert ``tokens`` with ``holder`` owning blocks ``first_new..`` (``slot``'s own,
-        now cached) and seeing their cells; returns how many."""
-        kept = self.tree.insert(tokens, block_ids, holder)
+        """Hang blocks ``len(known)..`` of ``tokens`` below ``known``, ``holder`` owning them
+        (``slot``'s own, now cached) and seeing their cells; returns how many."""
+        first_new = len(known)
         new = block_ids[first_new:]
-        assert kept[first_new:] == new, f"the tree kept {kept}, not our new blocks {new}"
+        start, end = first_new * self.block_size, len(tokens)
+        parent = known[-1] if known else -1
+        kept = self.tree.extend(parent, tokens[start:], new, holder)
+        assert kept == new, f"the tree kept {kept}, not our new blocks {new}"
         for block in new:
             self.blocks.set_cached(block, True)
-        start, end = first_new * self.block_size, len(tokens)
         assert self.seq_end.get(holder, start) == start, f"seq {holder} holds cells past {start}"
         self.runtime.share(slot, holder, start, end)
         self.seq_end[holder] = end
@@ -192,8 +187,8 @@ class PrefixCache:
 
     def _evict_one(self) -> bool:
         """Evict the least recently used unreferenced leaf block; False if there is none."""
-        victim = next((b for b in self.tree.leaves_lru() if self.blocks.refcount(b) == 0), None)
-        if victim is None:
+        victim = self.tree.lru_leaf(self.blocks.refcount)
+        if victim < 0:
             return False
         path = self.tree.path_tokens(victim)
         seq, start, end = self.tree.remove_leaf(victim)

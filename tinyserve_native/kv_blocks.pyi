@@ -5,19 +5,21 @@ logical only (llama.cpp owns the real cells). Every block is in exactly one stat
 
 - free: refcount 0 and not cached; handed out by ``allocate``.
 - used: refcount > 0 (a block shared by several requests counts once).
-- cached: refcount 0 but held by the prefix cache; evictable, least recently released first.
+- cached: refcount 0 but held by the prefix cache; evictable.
 
 so ``free + used + cached == total`` always. A block id out of range raises ``IndexError``.
 
 Prefix-cache protocol: the cache marks a used block with ``set_cached(b, True)``; when its
-last user releases it, it joins the LRU instead of the free stack. A cache hit ``acquire``s
-it (taking it off the LRU); under memory pressure the caller ``evict``s from ``lru(n)``.
+last user releases it, it stays cached (evictable) instead of joining the free stack. A cache
+hit ``acquire``s it (it is then used, not evictable); under memory pressure the caller
+``evict``s the block the radix tree names (``RadixTree.lru_leaf(acc.refcount)``): the order of
+eviction is the tree's, since only a leaf can go.
 """
 
 from __future__ import annotations
 
 class BlockAccountant:
-    """Refcounts, a free stack and an LRU of evictable cached blocks; O(1) per block."""
+    """Refcounts, a free stack and a count of evictable cached blocks; O(1) per block."""
 
     def __init__(self, total_blocks: int, block_size: int) -> None:
         """``total_blocks`` blocks of ``block_size`` tokens, all free. Both must be >= 1."""
@@ -49,13 +51,13 @@ class BlockAccountant:
         ``ValueError`` if ``n`` is negative or more than ``free``: the caller evicts first.
         """
     def acquire(self, block_id: int) -> None:
-        """Add a reference to a used or cached block; a cached block leaves the LRU.
+        """Add a reference to a used or cached block; a cached block is then used (pinned).
 
         ``ValueError`` on a free block (it holds no data; allocate it instead).
         """
     def release(self, block_id: int) -> None:
-        """Drop a reference. At refcount 0 a cached block goes to the LRU tail (most recent),
-        any other block becomes free. ``ValueError`` if the refcount is already 0.
+        """Drop a reference. At refcount 0 a cached block becomes evictable, any other block
+        becomes free. ``ValueError`` if the refcount is already 0.
         """
     def release_all(self, ids: list[int]) -> None:
         """``release`` each id in order. Not atomic: on an invalid id it raises, and the ids
@@ -67,8 +69,6 @@ class BlockAccountant:
         Idempotent. Uncaching a refcount-0 block frees it. Caching a free block is a
         ``ValueError``: only a block in use holds KV data worth caching.
         """
-    def lru(self, n: int) -> list[int]:
-        """Up to ``n`` evictable ids, least recently released first; changes nothing."""
     def evict(self, block_id: int) -> None:
         """Free an evictable block (cached, refcount 0); ``ValueError`` otherwise."""
     def refcount(self, block_id: int) -> int:

@@ -1,7 +1,8 @@
-"""Logical KV block accountant: refcounts, a free stack and an LRU of evictable cached blocks.
+"""Logical KV block accountant: refcounts, a free stack and a count of evictable cached blocks.
 
-Every operation is O(1) except ``allocate`` and ``lru``, which are O(n) in what they return.
-The accountant is logical only: llama.cpp owns the real KV cells.
+Every operation is O(1) except ``allocate``, which is O(n) in what it returns. The accountant is
+logical only: llama.cpp owns the real KV cells. Which cached block to evict is the radix tree's
+to say (``RadixTree.lru_leaf``): only a leaf can go.
 """
 
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
@@ -19,11 +20,8 @@ cdef class BlockAccountant:
         cdef size_t n = <size_t>total_blocks
         self._refcount = <int32_t *>PyMem_Malloc(n * sizeof(int32_t))
         self._cached = <uint8_t *>PyMem_Malloc(n * sizeof(uint8_t))
-        self._prev = <int32_t *>PyMem_Malloc(n * sizeof(int32_t))
-        self._next = <int32_t *>PyMem_Malloc(n * sizeof(int32_t))
         self._free_stack = <int32_t *>PyMem_Malloc(n * sizeof(int32_t))
-        if (self._refcount == NULL or self._cached == NULL or self._prev == NULL
-                or self._next == NULL or self._free_stack == NULL):
+        if self._refcount == NULL or self._cached == NULL or self._free_stack == NULL:
             raise MemoryError()
         self._total = <int32_t>total_blocks
         self._block_size = <int32_t>block_size
@@ -31,12 +29,8 @@ cdef class BlockAccountant:
         memset(self._cached, 0, n * sizeof(uint8_t))
         cdef int32_t i
         for i in range(self._total):
-            self._prev[i] = NIL
-            self._next[i] = NIL
             # Lowest ids on top, so a fresh accountant hands out 0, 1, 2, ...
             self._free_stack[i] = self._total - 1 - i
-        self._head = NIL
-        self._tail = NIL
         self._n_free = self._total
         self._n_used = 0
         self._n_cached = 0
@@ -44,8 +38,6 @@ cdef class BlockAccountant:
     def __dealloc__(self):
         PyMem_Free(self._refcount)
         PyMem_Free(self._cached)
-        PyMem_Free(self._prev)
-        PyMem_Free(self._next)
         PyMem_Free(self._free_stack)
 
     @property
@@ -106,9 +98,8 @@ cdef class BlockAccountant:
         if rc == 0:
             if not self._cached[b]:
                 raise ValueError(f"block {b} is free: allocate it instead of acquiring it")
-            # NOTE: a pinned block must leave the LRU, or evict() could take it from under
-            # the request that now reads it.
-            self._lru_unlink(b)
+            # NOTE: a pinned block is no longer evictable: evict() refuses it from now on, so
+            # it cannot be taken from under the request that now reads it.
             self._n_cached -= 1
             self._n_used += 1
         elif rc == INT32_MAX:
@@ -136,18 +127,8 @@ cdef class BlockAccountant:
             return
         self._cached[b] = 0
         if self._refcount[b] == 0:
-            self._lru_unlink(b)
             self._n_cached -= 1
             self._push_free(b)
-
-    def lru(self, long long n) -> list:
-        """Up to ``n`` evictable block ids, least recently released first."""
-        cdef list ids = []
-        cdef int32_t b = self._head
-        while b != NIL and len(ids) < n:
-            ids.append(b)
-            b = self._next[b]
-        return ids
 
     def evict(self, long long block_id) -> None:
         """Free an evictable block (cached, refcount 0)."""
@@ -158,7 +139,6 @@ cdef class BlockAccountant:
                 f"cached {bool(self._cached[b])})"
             )
         self._cached[b] = 0
-        self._lru_unlink(b)
         self._n_cached -= 1
         self._push_free(b)
 
@@ -190,34 +170,10 @@ cdef class BlockAccountant:
             return 0
         self._n_used -= 1
         if self._cached[b]:
-            self._lru_push_tail(b)
             self._n_cached += 1
         else:
             self._push_free(b)
         return 0
-
-    cdef void _lru_push_tail(self, int32_t b) noexcept:
-        self._prev[b] = self._tail
-        self._next[b] = NIL
-        if self._tail == NIL:
-            self._head = b
-        else:
-            self._next[self._tail] = b
-        self._tail = b
-
-    cdef void _lru_unlink(self, int32_t b) noexcept:
-        cdef int32_t p = self._prev[b]
-        cdef int32_t nx = self._next[b]
-        if p == NIL:
-            self._head = nx
-        else:
-            self._next[p] = nx
-        if nx == NIL:
-            self._tail = p
-        else:
-            self._prev[nx] = p
-        self._prev[b] = NIL
-        self._next[b] = NIL
 
     cdef void _push_free(self, int32_t b) noexcept:
         self._free_stack[self._n_free] = b

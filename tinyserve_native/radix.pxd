@@ -18,8 +18,14 @@ cdef class RadixTree:
     cdef dict _seq_tip  # seq id -> its deepest node
     cdef dict _seq_count  # seq id -> nodes it owns (> 0)
     cdef unsigned long long _clock
+    # (last_used, block id) of leaves, a min-heap; an entry whose node is gone, has children
+    # or was used since is stale and skipped when it comes up (lru_leaf).
+    cdef list _leaf_heap
 
-    cdef list _walk(self, list tokens)
-    cdef int _touch(self, list path) except -1
-    cdef int _check_insertable(self, list path, list new_ids, long long seq_id) except -1
+    cdef list _walk(self, _Node start, list tokens)
+    cdef list _insert_below(self, _Node start, list tokens, list block_ids, long long seq_id)
+    cdef int _touch(self, _Node deepest) except -1
+    cdef int _push_leaf(self, _Node node) except -1
+    cdef bint _is_current_leaf(self, tuple entry)
+    cdef int _check_insertable(self, _Node deepest, list new_ids, long long seq_id) except -1
     cdef _Node _owned_ancestor(self, _Node node)

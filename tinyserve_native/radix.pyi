@@ -20,9 +20,15 @@ Intended protocol with ``kv_blocks.BlockAccountant`` (``acc``) and llama.cpp:
 - done: ``held = tree.insert(tokens[:full], my_blocks[:n_full], seq)``; ``acc.set_cached(b,
   True)`` for each of ``held``; trim ``seq`` to ``full`` tokens; ``acc.release_all(my_blocks)``
   (a block of ours the tree did not take is then simply free).
-- evict: for ``b`` in ``tree.leaves_lru()`` with ``acc.refcount(b) == 0``: ``seq, p0, p1 =
+- evict: ``b = tree.lru_leaf(acc.refcount)`` (-1: nothing is evictable); ``seq, p0, p1 =
   tree.remove_leaf(b)``; ``llama_memory_seq_rm(seq, p0, p1)``; ``acc.evict(b)``. A
   sequence that leaves ``seqs_in_use()`` can be cleared and reused.
+
+The eviction order lives here, not in the accountant: only a leaf can go (its cells are the
+tail of its sequence's), and an inner node becomes a leaf when its last child goes, at the
+place its last use gives it. The leaves sit in a heap keyed by last use (``match`` and
+``insert`` stamp the whole path); pinned leaves are skipped, not tracked, since the tree is
+not told of refcount changes.
 
 The tree counts one block per node. A sequence that computed its own copy of a block the
 tree already had (rather than sharing it by ``seq_cp``) keeps those cells until its last
@@ -31,6 +37,7 @@ node goes, and ``remove_leaf`` then frees them (see its ranges).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 class Match(NamedTuple):
@@ -70,6 +77,16 @@ class RadixTree:
         for a new node repeats or is already in the tree, or ``seq_id`` already owns nodes
         off this path (its cells cannot hold two token sequences).
         """
+    def extend(
+        self, parent_block: int, tokens: list[int], block_ids: list[int], seq_id: int
+    ) -> list[int]:
+        """``insert`` of the blocks that follow the node holding ``parent_block`` (-1: the
+        root), without walking the tree down to it: ``tokens`` and ``block_ids`` are those
+        blocks only, and ``seq_id`` must hold the whole path from position 0 as for
+        ``insert``. Returns the tree's block ids for those blocks; marks the whole path from
+        the root as just used. ``KeyError`` if no node holds ``parent_block``; otherwise the
+        errors of ``insert``, changing nothing.
+        """
     def remove_leaf(self, block_id: int) -> tuple[int, int, int]:
         """Drop the leaf holding ``block_id``; returns ``(seq_id, start_pos, end_pos)``, the
         cells to free with ``llama_memory_seq_rm(seq_id, start_pos, end_pos)``.
@@ -87,7 +104,12 @@ class RadixTree:
         """The tokens from the root through the node's block, a multiple of ``block_size``
         long; ``KeyError`` if no node holds it.
         """
-    def leaves_lru(self) -> list[int]:
-        """Leaf block ids, least recently used (by ``match``/``insert``) first."""
+    def lru_leaf(self, refcount: Callable[[int], int]) -> int:
+        """The leaf least recently used (by ``match``/``insert``/``extend``) among those whose
+        block has ``refcount(block) == 0``; -1 if there is none. Changes nothing.
+
+        O(log n) amortised, plus O(log n) for each pinned leaf used less recently than the
+        answer (at most one per request holding a hit).
+        """
     def seqs_in_use(self) -> set[int]:
         """Sequences that still own at least one node."""

@@ -4,6 +4,7 @@ A node is one full block of ``block_size`` token ids under its parent. It names 
 kv_blocks id accounting for that block and the llama.cpp sequence whose cells hold it.
 """
 
+from heapq import heapify, heappop, heappush
 from typing import NamedTuple
 
 Match = NamedTuple("Match", [("n_tokens", int), ("block_ids", list), ("seq_id", int)])
@@ -44,6 +45,7 @@ cdef class RadixTree:
         self._seq_tip = {}
         self._seq_count = {}
         self._clock = 0
+        self._leaf_heap = []
 
     @property
     def block_size(self) -> int:
@@ -58,17 +60,29 @@ cdef class RadixTree:
 
     def match(self, list tokens not None):
         """Longest cached full-block prefix of ``tokens``; marks its path recently used."""
-        cdef list path = self._walk(tokens)
+        cdef list path = self._walk(self._root, tokens)
         if not path:
             return Match(0, [], -1)
-        self._touch(path)
         cdef _Node deepest = path[len(path) - 1]
+        self._touch(deepest)
         return Match(
             len(path) * self._block_size, [(<_Node>n).block_id for n in path], deepest.seq_id
         )
 
     def insert(self, list tokens not None, list block_ids not None, long long seq_id) -> list:
         """Cache ``tokens`` (whole blocks) held by ``seq_id``; returns the tree's block ids."""
+        return self._insert_below(self._root, tokens, block_ids, seq_id)
+
+    def extend(
+        self, long long parent_block, list tokens not None, list block_ids not None,
+        long long seq_id,
+    ) -> list:
+        """``insert`` of the blocks that follow the node of ``parent_block`` (-1: the root),
+        without walking down to it; returns the tree's block ids for those blocks."""
+        cdef _Node start = self._root if parent_block == -1 else self._by_block[parent_block]
+        return self._insert_below(start, tokens, block_ids, seq_id)
+
+    cdef list _insert_below(self, _Node start, list tokens, list block_ids, long long seq_id):
         cdef Py_ssize_t bs = self._block_size
         cdef Py_ssize_t n_blocks = len(tokens) // bs
         if len(tokens) % bs:
@@ -77,10 +91,10 @@ cdef class RadixTree:
             raise ValueError(f"{n_blocks} blocks of tokens but {len(block_ids)} block ids")
         if seq_id < 0:
             raise ValueError(f"seq_id must be >= 0, got {seq_id}")
-        cdef list path = self._walk(tokens)
+        cdef list path = self._walk(start, tokens)
         cdef list new_ids = block_ids[len(path):]
-        self._check_insertable(path, new_ids, seq_id)
-        cdef _Node node = path[len(path) - 1] if path else self._root
+        cdef _Node node = path[len(path) - 1] if path else start
+        self._check_insertable(node, new_ids, seq_id)
         cdef Py_ssize_t i
         for i in range(len(path), n_blocks):
             node = _new_node(node, tuple(tokens[i * bs:(i + 1) * bs]), block_ids[i], seq_id)
@@ -89,10 +103,10 @@ cdef class RadixTree:
         if new_ids:
             self._seq_tip[seq_id] = node
             self._seq_count[seq_id] = self._seq_count.get(seq_id, 0) + len(new_ids)
-        self._touch(path)
+        self._touch(node)
         return [(<_Node>n).block_id for n in path]
 
-    cdef int _check_insertable(self, list path, list new_ids, long long seq_id) except -1:
+    cdef int _check_insertable(self, _Node deepest, list new_ids, long long seq_id) except -1:
         if not new_ids:
             return 0
         cdef long long checked
@@ -106,9 +120,7 @@ cdef class RadixTree:
         tip = self._seq_tip.get(seq_id)
         # NOTE: a sequence holds one token path. If seq_id already owns nodes off this path,
         # its cells cannot hold both: the caller reused a sequence the tree still relies on.
-        if tip is not None and not (
-            (<_Node>tip).depth < len(path) and path[(<_Node>tip).depth] is tip
-        ):
+        if tip is not None and not _is_on_path(<_Node>tip, deepest):
             raise ValueError(f"sequence {seq_id} already holds a different cached prefix")
         return 0
 
@@ -121,8 +133,11 @@ cdef class RadixTree:
         # NOTE: a leaf is always its sequence's tip: a sequence owns nodes on one root path
         # only (insert enforces it), and a leaf has nothing below it.
         assert self._seq_tip[seq] is node
-        del node.parent.children[node.key]
+        cdef _Node parent = node.parent
+        del parent.children[node.key]
         del self._by_block[block_id]
+        if parent is not self._root and not parent.children:
+            self._push_leaf(parent)  # its last child went: it is a leaf now
         cdef _Node tip = self._owned_ancestor(node)
         cdef Py_ssize_t start = 0
         if tip is None:
@@ -152,11 +167,23 @@ cdef class RadixTree:
             node = node.parent
         return [token for key in reversed(keys) for token in key]
 
-    def leaves_lru(self) -> list:
-        """Leaf block ids, least recently used first."""
-        leaves = [n for n in self._by_block.values() if not (<_Node>n).children]
-        leaves.sort(key=_last_used)
-        return [(<_Node>n).block_id for n in leaves]
+    def lru_leaf(self, refcount not None) -> int:
+        """The least recently used leaf whose block has ``refcount(block) == 0``; -1 if none."""
+        cdef list heap = self._leaf_heap
+        cdef list pinned = []
+        cdef long long found = -1
+        while heap:
+            entry = heap[0]
+            if not self._is_current_leaf(entry):
+                heappop(heap)
+            elif refcount(entry[1]) == 0:
+                found = entry[1]
+                break
+            else:
+                pinned.append(heappop(heap))
+        for entry in pinned:
+            heappush(heap, entry)
+        return found
 
     def seqs_in_use(self) -> set:
         """Sequences that still own at least one node."""
@@ -165,9 +192,9 @@ cdef class RadixTree:
     def __repr__(self) -> str:
         return f"RadixTree(block_size={self._block_size}, n_nodes={len(self._by_block)})"
 
-    cdef list _walk(self, list tokens):
+    cdef list _walk(self, _Node start, list tokens):
         cdef list path = []
-        cdef _Node node = self._root
+        cdef _Node node = start
         cdef Py_ssize_t bs = self._block_size
         cdef Py_ssize_t i
         for i in range(len(tokens) // bs):
@@ -178,12 +205,36 @@ cdef class RadixTree:
             path.append(node)
         return path
 
-    cdef int _touch(self, list path) except -1:
-        # One tick per operation: leaves never share one (no leaf is on another's path).
+    cdef int _touch(self, _Node deepest) except -1:
+        # One tick per operation: leaves never share one (no leaf is on another's path), and a
+        # node is never older than anything below it.
         self._clock += 1
-        for node in path:
-            (<_Node>node).last_used = self._clock
+        cdef _Node node = deepest
+        while node is not self._root:
+            node.last_used = self._clock
+            node = node.parent
+        if deepest is not self._root and not deepest.children:
+            self._push_leaf(deepest)
         return 0
+
+    cdef int _push_leaf(self, _Node node) except -1:
+        heappush(self._leaf_heap, (node.last_used, node.block_id))
+        # Each touch of a leaf leaves a stale entry behind: rebuild before they outnumber
+        # the nodes, so the heap stays O(nodes) and pushes O(log n) amortised.
+        if len(self._leaf_heap) > 2 * len(self._by_block) + 16:
+            self._leaf_heap = [
+                ((<_Node>n).last_used, (<_Node>n).block_id)
+                for n in self._by_block.values() if not (<_Node>n).children
+            ]
+            heapify(self._leaf_heap)
+        return 0
+
+    cdef bint _is_current_leaf(self, tuple entry):
+        node = self._by_block.get(entry[1])
+        return (
+            node is not None and not (<_Node>node).children
+            and (<_Node>node).last_used == entry[0]
+        )
 
     cdef _Node _owned_ancestor(self, _Node node):
         cdef long long seq = node.seq_id
@@ -194,5 +245,9 @@ cdef class RadixTree:
         return up
 
 
-def _last_used(node: _Node) -> int:
-    return node.last_used
+cdef bint _is_on_path(_Node tip, _Node deepest):
+    """Whether ``tip`` is ``deepest`` or one of its ancestors."""
+    cdef _Node node = deepest
+    while node.depth > tip.depth:
+        node = node.parent
+    return node is tip

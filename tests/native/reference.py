@@ -6,6 +6,8 @@ Written for clarity, not speed: each keeps the plainest state that defines the b
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class RefAccountant:
     """Reference for ``kv_blocks.BlockAccountant``: per-block refcount and cached flag."""
@@ -14,7 +16,7 @@ class RefAccountant:
         self.block_size = block_size
         self.refcounts = [0] * total
         self.cached_flags = [False] * total
-        self.lru_order: list[int] = []  # evictable ids, least recently released first
+        self.evictable: list[int] = []  # cached ids with refcount 0, in no particular order
 
     @property
     def free(self) -> int:
@@ -26,7 +28,7 @@ class RefAccountant:
 
     @property
     def cached(self) -> int:
-        return len(self.lru_order)
+        return len(self.evictable)
 
     def _is_free(self, b: int) -> bool:
         return self.refcounts[b] == 0 and not self.cached_flags[b]
@@ -47,7 +49,7 @@ class RefAccountant:
         if self._is_free(b):
             raise ValueError(b)
         if self.refcounts[b] == 0:
-            self.lru_order.remove(b)
+            self.evictable.remove(b)
         self.refcounts[b] += 1
 
     def release(self, b: int) -> None:
@@ -56,7 +58,7 @@ class RefAccountant:
             raise ValueError(b)
         self.refcounts[b] -= 1
         if self.refcounts[b] == 0 and self.cached_flags[b]:
-            self.lru_order.append(b)
+            self.evictable.append(b)
 
     def set_cached(self, b: int, cached: bool) -> None:
         self._check(b)
@@ -66,13 +68,13 @@ class RefAccountant:
             raise ValueError(b)
         self.cached_flags[b] = cached
         if not cached and self.refcounts[b] == 0:
-            self.lru_order.remove(b)
+            self.evictable.remove(b)
 
     def evict(self, b: int) -> None:
         self._check(b)
-        if b not in self.lru_order:
+        if b not in self.evictable:
             raise ValueError(b)
-        self.lru_order.remove(b)
+        self.evictable.remove(b)
         self.cached_flags[b] = False
 
 
@@ -189,9 +191,20 @@ class RefRadix:
     def path_tokens(self, block_id: int) -> list[int]:
         return list(self._key_of(block_id))
 
+    def extend(
+        self, parent_block: int, tokens: list[int], block_ids: list[int], seq_id: int
+    ) -> list[int]:
+        above = [] if parent_block == -1 else self.path_tokens(parent_block)
+        known = [self.nodes[key][0] for key in self._prefixes(above)]
+        return self.insert(above + tokens, known + block_ids, seq_id)[len(known) :]
+
     def leaves_lru(self) -> list[int]:
+        """Leaf block ids, least recently used first."""
         leaves = [node for key, node in self.nodes.items() if not self._has_children(key)]
         return [node[0] for node in sorted(leaves, key=lambda node: node[2])]
+
+    def lru_leaf(self, refcount: Callable[[int], int]) -> int:
+        return next((b for b in self.leaves_lru() if refcount(b) == 0), -1)
 
     def seqs_in_use(self) -> set[int]:
         return {node[1] for node in self.nodes.values()}

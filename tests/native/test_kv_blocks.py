@@ -46,20 +46,21 @@ def test_shared_block_counts_once() -> None:
     assert _counts(acc) == (4, 0, 0)
 
 
-def test_cached_blocks_queue_in_release_order_and_leave_on_acquire() -> None:
+def test_cached_blocks_are_evictable_until_acquired_again() -> None:
     acc = BlockAccountant(4, 16)
     ids = acc.allocate(3)
     for b in ids:
         acc.set_cached(b, True)
     acc.release_all([ids[2], ids[0], ids[1]])
-    assert acc.lru(10) == [ids[2], ids[0], ids[1]]
-    assert acc.lru(2) == [ids[2], ids[0]]
     assert _counts(acc) == (1, 0, 3)
     assert acc.available == 4
     acc.acquire(ids[0])
-    assert acc.lru(10) == [ids[2], ids[1]]
+    assert _counts(acc) == (1, 1, 2)
+    with pytest.raises(ValueError):
+        acc.evict(ids[0])  # pinned by the hit
     acc.release(ids[0])
-    assert acc.lru(10) == [ids[2], ids[1], ids[0]]
+    acc.evict(ids[0])
+    assert _counts(acc) == (2, 0, 2)
 
 
 def test_evict_and_uncache_free_a_cached_block() -> None:
@@ -71,7 +72,6 @@ def test_evict_and_uncache_free_a_cached_block() -> None:
     acc.evict(a)
     acc.set_cached(b, False)
     assert _counts(acc) == (2, 0, 0)
-    assert acc.lru(2) == []
     assert not acc.is_cached(a)
 
 
@@ -161,14 +161,14 @@ class AccountantMachine(RuleBasedStateMachine):
     def acquire_cached(self, data: st.DataObject) -> None:
         # An evictable block (a prefix hit) or one already in use (a shared prefix).
         held = [b for b, rc in enumerate(self.ref.refcounts) if rc > 0]
-        block = self._pick(data, self.ref.lru_order + held)
+        block = self._pick(data, self.ref.evictable + held)
         if block is not None:
             self._both("acquire", block)
 
     @rule(data=st.data(), cached=st.booleans())
     def set_cached_held(self, data: st.DataObject, cached: bool) -> None:
         held = [b for b, rc in enumerate(self.ref.refcounts) if rc > 0]
-        block = self._pick(data, held + self.ref.lru_order)
+        block = self._pick(data, held + self.ref.evictable)
         if block is not None:
             self._both("set_cached", block, cached)
 
@@ -180,10 +180,11 @@ class AccountantMachine(RuleBasedStateMachine):
             self.ref.release(b)
         self.acc.release_all(ids)
 
-    @rule(n=st.integers(0, 2))
-    def evict_lru(self, n: int) -> None:
-        for b in self.acc.lru(n):
-            self._both("evict", b)
+    @rule(data=st.data())
+    def evict_cached(self, data: st.DataObject) -> None:
+        block = self._pick(data, self.ref.evictable)
+        if block is not None:
+            self._both("evict", block)
 
     @rule(
         op=st.sampled_from(["acquire", "release", "evict", "set_cached"]),
@@ -200,7 +201,6 @@ class AccountantMachine(RuleBasedStateMachine):
         assert acc.free + acc.used + acc.cached == TOTAL
         assert _counts(acc) == (ref.free, ref.used, ref.cached)
         assert acc.available == ref.free + ref.cached
-        assert acc.lru(TOTAL) == ref.lru_order
         assert [acc.refcount(b) for b in range(TOTAL)] == ref.refcounts
         assert [acc.is_cached(b) for b in range(TOTAL)] == ref.cached_flags
 

@@ -16,6 +16,10 @@ from .reference import RefRadix
 BS = 2
 
 
+def unpinned(_block: int) -> int:
+    return 0
+
+
 @pytest.fixture
 def tree() -> RadixTree:
     return RadixTree(BS)
@@ -23,10 +27,10 @@ def tree() -> RadixTree:
 
 def test_empty_tree_matches_nothing(tree: RadixTree) -> None:
     assert tree.match([1, 2, 3]) == Match(0, [], -1)
-    assert (tree.n_nodes, tree.block_size, tree.leaves_lru(), tree.seqs_in_use()) == (
+    assert (tree.n_nodes, tree.block_size, tree.lru_leaf(unpinned), tree.seqs_in_use()) == (
         0,
         BS,
-        [],
+        -1,
         set(),
     )
 
@@ -74,15 +78,64 @@ def test_remove_leaf_frees_the_tail_its_sequence_no_longer_needs(tree: RadixTree
         tree.remove_leaf(10)
 
 
-def test_leaves_are_ordered_by_last_use(tree: RadixTree) -> None:
+def leaves_in_eviction_order(tree: RadixTree) -> list[int]:
+    order = []
+    while (leaf := tree.lru_leaf(unpinned)) >= 0:
+        order.append(leaf)
+        tree.remove_leaf(leaf)
+    return order
+
+
+def test_leaves_are_evicted_least_recently_used_first(tree: RadixTree) -> None:
     tree.insert([1, 1], [10], 0)
     tree.insert([2, 2], [20], 1)
     tree.insert([3, 3, 4, 4], [30, 31], 2)
-    assert tree.leaves_lru() == [10, 20, 31]
+    assert tree.lru_leaf(unpinned) == 10
     tree.match([1, 1, 0])
-    assert tree.leaves_lru() == [20, 31, 10]
     tree.match([3, 3])  # touches 30 only: the leaf below it is still cold
-    assert tree.leaves_lru() == [20, 31, 10]
+    # 30 becomes a leaf when 31 goes, at the place its last use gives it: after 20.
+    assert leaves_in_eviction_order(tree) == [20, 31, 10, 30]
+
+
+def test_pinned_leaves_are_skipped_and_stay_in_order(tree: RadixTree) -> None:
+    tree.insert([1, 1], [10], 0)
+    tree.insert([2, 2], [20], 1)
+    tree.insert([3, 3], [30], 2)
+    pinned = {10, 20}
+    assert tree.lru_leaf(lambda b: int(b in pinned)) == 30
+    assert tree.lru_leaf(lambda b: int(b in {10})) == 20
+    pinned = {10, 20, 30}
+    assert tree.lru_leaf(lambda b: int(b in pinned)) == -1
+    assert leaves_in_eviction_order(tree) == [10, 20, 30]
+
+
+def test_an_inner_node_is_not_evictable_until_its_last_child_goes(tree: RadixTree) -> None:
+    tree.insert([1, 1, 2, 2], [10, 11], 0)
+    tree.insert([1, 1, 3, 3], [12, 13], 1)
+    tree.match([5, 5])
+    assert tree.lru_leaf(lambda b: int(b != 10)) == -1  # 10 is unpinned but has children
+    assert leaves_in_eviction_order(tree) == [11, 13, 10]
+
+
+def test_extend_hangs_blocks_below_a_node(tree: RadixTree) -> None:
+    tree.insert([1, 2, 3, 4], [10, 11], 0)
+    assert tree.extend(11, [5, 6, 7, 8], [12, 13], 0) == [12, 13]
+    assert tree.match([1, 2, 3, 4, 5, 6, 7, 8]) == Match(8, [10, 11, 12, 13], 0)
+    assert tree.extend(10, [3, 4], [14], 1) == [11]  # already there: the tree's id
+    assert tree.extend(-1, [9, 9], [15], 1) == [15]
+    with pytest.raises(KeyError):
+        tree.extend(99, [9, 9], [16], 2)
+    with pytest.raises(ValueError):
+        tree.extend(10, [7, 7], [16], 0)  # seq 0 holds [1, 2, 3, 4, ...], not [1, 2, 7, 7]
+    assert tree.n_nodes == 5
+
+
+def test_touching_a_hot_leaf_often_keeps_the_order(tree: RadixTree) -> None:
+    tree.insert([1, 1], [10], 0)
+    tree.insert([2, 2], [20], 1)
+    for _ in range(1000):  # stale heap entries pile up and are swept
+        tree.match([2, 2])
+    assert leaves_in_eviction_order(tree) == [10, 20]
 
 
 @pytest.mark.parametrize(
@@ -135,6 +188,10 @@ class RadixMachine(RuleBasedStateMachine):
         self.tree = RadixTree(BS)
         self.ref = RefRadix(BS)
         self.next_id = 0
+        self.pinned: set[int] = set()
+
+    def refcount(self, block_id: int) -> int:
+        return int(block_id in self.pinned)
 
     def _both(self, name: str, *args: Any) -> None:
         try:
@@ -162,9 +219,29 @@ class RadixMachine(RuleBasedStateMachine):
             ids[-1] = ids[0]
         self._both("insert", tokens, ids, seq)
 
+    @rule(tokens=TOKENS, seq=st.integers(0, 3), data=st.data())
+    def extend(self, tokens: list[int], seq: int, data: st.DataObject) -> None:
+        tokens = tokens[: len(tokens) // BS * BS]
+        in_tree = [node[0] for node in self.ref.nodes.values()]
+        parent = data.draw(st.sampled_from([-1, 99, *in_tree]))
+        self._both("extend", parent, tokens, self._fresh_ids(len(tokens) // BS), seq)
+
     @rule(tokens=TOKENS)
     def match(self, tokens: list[int]) -> None:
         self._both("match", tokens)
+
+    @rule(data=st.data())
+    def pin_or_unpin(self, data: st.DataObject) -> None:
+        in_tree = [node[0] for node in self.ref.nodes.values()]
+        if in_tree:
+            self.pinned ^= {data.draw(st.sampled_from(in_tree))}
+
+    @rule()
+    def evict_lru_leaf(self) -> None:
+        victim = self.ref.lru_leaf(self.refcount)
+        assert self.tree.lru_leaf(self.refcount) == victim
+        if victim >= 0:
+            self._both("remove_leaf", victim)
 
     @rule(data=st.data())
     def remove_a_leaf(self, data: st.DataObject) -> None:
@@ -179,7 +256,8 @@ class RadixMachine(RuleBasedStateMachine):
     @invariant()
     def trees_agree(self) -> None:
         assert self.tree.n_nodes == len(self.ref.nodes)
-        assert self.tree.leaves_lru() == self.ref.leaves_lru()
+        assert self.tree.lru_leaf(self.refcount) == self.ref.lru_leaf(self.refcount)
+        assert self.tree.lru_leaf(unpinned) == self.ref.lru_leaf(unpinned)
         assert self.tree.seqs_in_use() == self.ref.seqs_in_use()
         for block_id, _, _ in self.ref.nodes.values():
             assert block_id in self.tree
