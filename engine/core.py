@@ -245,7 +245,7 @@ class EngineCore:
                 slot=seq.slot,
                 policy=self.policy.name,
                 rule=rule,
-                ahead=seq.timeline.slot[4],
+                ahead=seq.timeline.slot.ahead,
                 waited_ms=seq.timeline.wait_ms(),
                 waiting=len(self.policy),
             ),

@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
-from tinyserve.engine.timeline import NS_PER_MS, Timeline
+from tinyserve.engine.timeline import Timeline
 from tinyserve.protocol import FINISH_ERROR, FINISH_QUEUE_TIMEOUT, FINISH_REJECTED, FINISH_TIMEOUT
+from tinyserve.timeline_records import NS_PER_MS
 from tinyserve.tracing import Tracing, extract
 
 # Finish reasons that mark the span they ended with an error status.
@@ -31,54 +32,47 @@ class SpanRecorder:
         self._request_id = ""
 
     def record(self, timeline: Timeline) -> None:
-        assert timeline.finish is not None
+        finish = timeline.finish
+        assert finish is not None
         request = timeline.request
         # Without a traceparent (frontend tracing off) each span starts a trace of its own;
         # the request id attribute still ties them together.
         parent = extract(request.trace_context)
         self._request_id = request.request_id
-        reason, detail, _, end_ns, generated = timeline.finish
-        failed = reason in FAILED
+        failed = finish.reason in FAILED
+        error = finish.reason if failed else None
         if timeline.accepted is None:
-            self._span(parent, "engine.rejected", end_ns, end_ns, {"reason": detail}, detail)
+            detail = finish.detail
+            self._span(parent, "engine.rejected", finish.ns, finish.ns, {"reason": detail}, detail)
             return
-        slot_ns = timeline.slot[1] if timeline.slot else end_ns
-        queue = {"policy": timeline.policy, "rule": timeline.slot[3] if timeline.slot else ""}
-        queue_fails = failed and timeline.slot is None
-        self._span(
-            parent,
-            "engine.queue_wait",
-            timeline.accepted[1],
-            slot_ns,
-            queue,
-            reason if queue_fails else None,
-        )
+        slot = timeline.slot
+        queue = {"policy": timeline.policy, "rule": slot.rule if slot else ""}
+        slot_ns = slot.ns if slot else finish.ns
+        queue_error = error if slot is None else None
+        self._span(parent, "engine.queue_wait", timeline.accepted.ns, slot_ns, queue, queue_error)
         last = len(timeline.chunks) - 1
-        for i, (tick, tokens, chunk_end, gap, decode_ns) in enumerate(timeline.chunks):
+        for i, chunk in enumerate(timeline.chunks):
             fails = failed and i == last and not timeline.first_token_ns
-            attributes = {"tick": tick, "tokens": tokens, "decode_ms": decode_ns / NS_PER_MS}
-            self._span(
-                parent,
-                "engine.prefill_chunk",
-                chunk_end - gap,
-                chunk_end,
-                attributes,
-                reason if fails else None,
-            )
-        if timeline.first_token_ns:
-            decode: dict[str, str | int | float] = {
-                "ticks": sum(run[1] for run in timeline.decode_runs),
-                "generated_tokens": generated,
-                "finish_reason": reason,
+            attributes = {
+                "tick": chunk.tick,
+                "tokens": chunk.tokens,
+                "decode_ms": chunk.decode_ns / NS_PER_MS,
             }
             self._span(
                 parent,
-                "engine.decode",
-                timeline.first_token_ns,
-                end_ns,
-                decode,
-                reason if failed else None,
+                "engine.prefill_chunk",
+                chunk.start_ns,
+                chunk.end_ns,
+                attributes,
+                error if fails else None,
             )
+        if timeline.first_token_ns:
+            decode: dict[str, str | int | float] = {
+                "ticks": sum(run.ticks for run in timeline.decode_runs),
+                "generated_tokens": finish.generated,
+                "finish_reason": finish.reason,
+            }
+            self._span(parent, "engine.decode", timeline.first_token_ns, finish.ns, decode, error)
 
     def _span(
         self,

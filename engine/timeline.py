@@ -16,12 +16,17 @@ from collections import OrderedDict
 from typing import Any
 
 from tinyserve.protocol import Submit
-
-NS_PER_MS = 1_000_000
-
-
-def _ms(ns: int) -> float:
-    return round(ns / NS_PER_MS, 3)
+from tinyserve.timeline_records import (
+    Accepted,
+    DecodeRun,
+    Finish,
+    PrefillChunk,
+    QueueWire,
+    SlotGrant,
+    TimelineWire,
+    decode_wire,
+    ms,
+)
 
 
 class Timeline:
@@ -44,17 +49,14 @@ class Timeline:
     def __init__(self, request: Submit, policy: str) -> None:
         self.request = request
         self.policy = policy
-        # tick, ns, own blocks reserved, requests running and waiting when it came
-        self.accepted: tuple[int, int, int, int, int] | None = None
+        self.accepted: Accepted | None = None
         self.grants_at_accept = 0
-        self.slot: tuple[int, int, int, str, int] | None = None  # tick, ns, index, rule, ahead
+        self.slot: SlotGrant | None = None
         self.prefix_tokens = 0
-        # tick, tokens, end ns, ns since the previous step, ns of the tick's llama_decode
-        self.chunks: list[tuple[int, int, int, int, int]] = []
-        # Consecutive decode ticks with the same batch size: [first tick, ticks, batch, ns].
-        self.decode_runs: list[list[int]] = []
+        self.chunks: list[PrefillChunk] = []
+        self.decode_runs: list[DecodeRun] = []
         self.first_token_ns = 0
-        self.finish: tuple[str, str, int, int, int] | None = None  # reason, detail, tick, ns, n
+        self.finish: Finish | None = None
         self._last_ns = 0
 
     # -- recording ---------------------------------------------------------------------------
@@ -62,49 +64,52 @@ class Timeline:
     def accept(
         self, tick: int, now: int, blocks: int, grants: int, running: int, waiting: int
     ) -> None:
-        self.accepted = (tick, now, blocks, running, waiting)
+        self.accepted = Accepted(tick, now, blocks, running, waiting)
         self.grants_at_accept = grants
         self._last_ns = now
 
     def grant(self, tick: int, now: int, slot: int, rule: str, grants: int) -> None:
         """A slot was granted; ``grants`` counts slot grants so far (this one not included)."""
-        self.slot = (tick, now, slot, rule, grants - self.grants_at_accept)
+        self.slot = SlotGrant(tick, now, slot, rule, grants - self.grants_at_accept)
         self._last_ns = now
 
     def prefill_chunk(self, tick: int, tokens: int, now: int, decode_ns: int) -> None:
-        self.chunks.append((tick, tokens, now, now - self._last_ns, decode_ns))
+        self.chunks.append(PrefillChunk(tick, tokens, now, now - self._last_ns, decode_ns))
         self._last_ns = now
 
     def decode_tick(self, tick: int, batch: int, now: int) -> None:
         interval = now - self._last_ns
         self._last_ns = now
         runs = self.decode_runs
-        if runs and runs[-1][2] == batch and runs[-1][0] + runs[-1][1] == tick:
-            runs[-1][1] += 1
-            runs[-1][3] += interval
+        if runs and runs[-1].follows(tick, batch):
+            runs[-1] = runs[-1].plus(interval)
         else:
-            runs.append([tick, 1, batch, interval])
+            runs.append(DecodeRun(tick, 1, batch, interval))
 
     def first_token(self, now: int) -> None:
         self.first_token_ns = now
 
     def end(self, reason: str, detail: str, tick: int, now: int, generated: int) -> None:
-        self.finish = (reason, detail, tick, now, generated)
+        self.finish = Finish(reason, detail, tick, now, generated)
 
     # -- reading -----------------------------------------------------------------------------
 
     def since_arrival(self, ns: int) -> float:
-        return _ms(ns - self.request.arrival_ns)
+        return ms(ns - self.request.arrival_ns)
 
     def wait_ms(self) -> float | None:
         """Acceptance to slot grant; None while it waits (or if it never got a slot)."""
         if self.accepted is None or self.slot is None:
             return None
-        return _ms(self.slot[1] - self.accepted[1])
+        return ms(self.slot.ns - self.accepted.ns)
 
     def to_dict(self) -> dict[str, Any]:
         """The timeline as the API returns it (times in ms since the frontend's arrival)."""
-        req = self.request
+        return dict(self.wire())
+
+    def wire(self) -> TimelineWire:
+        """``to_dict``, typed: the keys are ``tinyserve.timeline_records``'s."""
+        req, arrival = self.request, self.request.arrival_ns
         return {
             "request_id": req.request_id,
             "status": self._status(),
@@ -112,29 +117,16 @@ class Timeline:
             "priority": req.priority,
             "prompt_tokens": len(req.prompt_ids),
             "admission": req.admission,
-            "accepted": self._accepted_dict(),
-            "queue": self._queue_dict(),
-            "slot": self._slot_dict(),
+            "accepted": self.accepted.wire(arrival) if self.accepted else None,
+            "queue": self._queue_wire(),
+            "slot": self.slot.wire(arrival) if self.slot else None,
             "prefix_reused_tokens": self.prefix_tokens,
-            "prefill": [self._chunk_dict(*chunk) for chunk in self.chunks],
+            "prefill": [chunk.wire(arrival) for chunk in self.chunks],
             "first_token_ms": self.since_arrival(self.first_token_ns)
             if self.first_token_ns
             else None,
-            "decode": {
-                "ticks": sum(run[1] for run in self.decode_runs),
-                "ms": _ms(sum(run[3] for run in self.decode_runs)),
-                "runs": [[t, n, batch, _ms(ns)] for t, n, batch, ns in self.decode_runs],
-            },
-            "finish": self._finish_dict(),
-        }
-
-    def _chunk_dict(self, tick: int, tokens: int, end: int, gap: int, dec: int) -> dict[str, Any]:
-        return {
-            "tick": tick,
-            "tokens": tokens,
-            "ms": _ms(gap),
-            "end_ms": self.since_arrival(end),
-            "decode_ms": _ms(dec),
+            "decode": decode_wire(self.decode_runs),
+            "finish": self.finish.wire(arrival) if self.finish else None,
         }
 
     def _status(self) -> str:
@@ -142,44 +134,14 @@ class Timeline:
             return "finished"
         return "running" if self.slot is not None else "waiting"
 
-    def _accepted_dict(self) -> dict[str, Any] | None:
+    def _queue_wire(self) -> QueueWire | None:
         if self.accepted is None:
             return None
-        tick, ns, blocks, running, waiting = self.accepted
-        return {
-            "tick": tick,
-            "ms": self.since_arrival(ns),
-            "blocks": blocks,
-            "running": running,
-            "waiting": waiting,
-        }
-
-    def _queue_dict(self) -> dict[str, Any] | None:
-        if self.accepted is None:
-            return None
-        queue: dict[str, Any] = {"policy": self.policy, "wait_ms": self.wait_ms(), "ahead": None}
+        queue: QueueWire = {"policy": self.policy, "wait_ms": self.wait_ms(), "ahead": None}
         if self.slot is not None:
-            _, _, _, rule, ahead = self.slot
-            queue.update(ahead=ahead, rule=rule)
+            queue["ahead"] = self.slot.ahead
+            queue["rule"] = self.slot.rule
         return queue
-
-    def _slot_dict(self) -> dict[str, Any] | None:
-        if self.slot is None:
-            return None
-        tick, ns, index, _, _ = self.slot
-        return {"index": index, "tick": tick, "ms": self.since_arrival(ns)}
-
-    def _finish_dict(self) -> dict[str, Any] | None:
-        if self.finish is None:
-            return None
-        reason, detail, tick, ns, generated = self.finish
-        return {
-            "reason": reason,
-            "detail": detail,
-            "tick": tick,
-            "ms": self.since_arrival(ns),
-            "generated_tokens": generated,
-        }
 
 
 class RecentTimelines:

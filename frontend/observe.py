@@ -29,6 +29,7 @@ from tinyserve.frontend.generation import Generation
 from tinyserve.frontend.keys import TRACING
 from tinyserve.frontend.streams import RequestStream
 from tinyserve.logs import fields
+from tinyserve.timeline_records import slot_ms
 from tinyserve.tracing import extract, inject
 
 log = logging.getLogger("tinyserve.requests")
@@ -101,7 +102,6 @@ class Observation:
         stream = self.stream
         finish = stream.finish if stream is not None else None
         timeline = finish.timeline if finish is not None else None
-        slot = (timeline or {}).get("slot") or {}
         first = stream.first_token_ns if stream is not None else 0
         return {
             "request_id": self.request_id,
@@ -114,7 +114,7 @@ class Observation:
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": finish.cached_tokens if finish is not None else 0,
             "generated_tokens": stream.generated if stream is not None else 0,
-            "queue_ms": slot.get("ms"),  # arrival to slot grant, from the engine's timeline
+            "queue_ms": slot_ms(timeline),  # arrival to slot grant, from the engine's timeline
             "ttft_ms": _since(self.arrival_ns, first) if first else None,
             "total_ms": _since(self.arrival_ns),
         }

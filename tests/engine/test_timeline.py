@@ -10,6 +10,7 @@ import pytest
 from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.engine.timeline import Timeline
 
 from .conftest import core_config
 from .test_core import FRONTEND, Driver
@@ -163,3 +164,84 @@ def test_scheduling_decisions_are_logged_at_debug_level(
     assert grants[0]["rule"] == "priority=3" and grants[0]["policy"] == "priority"
     assert grants[1]["ahead"] == 1 and grants[1]["waiting"] == 0
     assert {"slot", "waited_ms"} <= set(grants[0])
+
+
+MS = 1_000_000
+
+
+def recorded(stage: str) -> Timeline:
+    """A timeline recorded by hand with round stamps, up to ``stage``."""
+    request = p.Submit(
+        "r1",
+        FRONTEND,
+        [1] * 30,
+        p.SamplingParams(),
+        8,
+        arrival_ns=1_000 * MS,
+        tenant="team-a",
+        priority=2,
+        admission={"decision": "admitted"},
+    )
+    t = Timeline(request, "wfq")
+    if stage == "rejected":
+        t.end(p.FINISH_REJECTED, p.REJECT_TOO_LONG, 3, 1_001 * MS, 0)
+        return t
+    t.accept(4, 1_002 * MS, 2, 1, 3, 0)
+    if stage == "waiting":
+        return t
+    t.grant(6, 1_010 * MS, 0, "tenant=team-a vtime=0 weight=1", 5)
+    t.prefill_chunk(6, 16, 1_030 * MS, 7 * MS)
+    t.prefill_chunk(7, 14, 1_045 * MS, 9 * MS)
+    t.first_token(1_045 * MS)
+    for tick, batch, now in [(8, 2, 1_060), (9, 2, 1_070), (10, 1, 1_075), (12, 1, 1_090)]:
+        t.decode_tick(tick, batch, now * MS)
+    t.end(p.FINISH_LENGTH, "", 12, 1_091 * MS, 5)
+    return t
+
+
+def test_the_wire_form_keeps_its_shape() -> None:
+    """Pinned as it was before the steps became records (docs/observability.md)."""
+    assert recorded("finished").to_dict() == {
+        "request_id": "r1",
+        "status": "finished",
+        "tenant": "team-a",
+        "priority": 2,
+        "prompt_tokens": 30,
+        "admission": {"decision": "admitted"},
+        "accepted": {"tick": 4, "ms": 2.0, "blocks": 2, "running": 3, "waiting": 0},
+        "queue": {
+            "policy": "wfq",
+            "wait_ms": 8.0,
+            "ahead": 4,
+            "rule": "tenant=team-a vtime=0 weight=1",
+        },
+        "slot": {"index": 0, "tick": 6, "ms": 10.0},
+        "prefix_reused_tokens": 0,
+        "prefill": [
+            {"tick": 6, "tokens": 16, "ms": 20.0, "end_ms": 30.0, "decode_ms": 7.0},
+            {"tick": 7, "tokens": 14, "ms": 15.0, "end_ms": 45.0, "decode_ms": 9.0},
+        ],
+        "first_token_ms": 45.0,
+        "decode": {
+            "ticks": 4,
+            "ms": 45.0,
+            "runs": [[8, 2, 2, 25.0], [10, 1, 1, 5.0], [12, 1, 1, 15.0]],
+        },
+        "finish": {
+            "reason": "length",
+            "detail": "",
+            "tick": 12,
+            "ms": 91.0,
+            "generated_tokens": 5,
+        },
+    }
+
+
+def test_waiting_and_rejected_timelines_leave_later_steps_empty() -> None:
+    waiting = recorded("waiting").to_dict()
+    assert waiting["status"] == "waiting" and waiting["slot"] is None
+    assert waiting["queue"] == {"policy": "wfq", "wait_ms": None, "ahead": None}
+    assert waiting["decode"] == {"ticks": 0, "ms": 0.0, "runs": []}
+    rejected = recorded("rejected").to_dict()
+    assert (rejected["accepted"], rejected["queue"], rejected["first_token_ms"]) == (None,) * 3
+    assert rejected["finish"]["detail"] == p.REJECT_TOO_LONG

@@ -1,0 +1,202 @@
+"""The steps of a request's timeline, declared once, for the engine and the frontend.
+
+The engine records each step as a record of nanosecond ``CLOCK_MONOTONIC`` stamps
+(``engine/timeline.py``) and turns it into its wire form (JSON-able, milliseconds since the
+frontend's arrival) with the record's ``wire``; the ``*Wire`` types name the keys of that form,
+which the frontend reads (``GET /v1/requests/{id}``, ``"timeline": true`` replies, the request
+log line). ``docs/observability.md`` lists every field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple, TypedDict, cast
+
+NS_PER_MS = 1_000_000
+
+
+def ms(ns: int) -> float:
+    """Nanoseconds as milliseconds, rounded to the microsecond."""
+    return round(ns / NS_PER_MS, 3)
+
+
+# -- the wire form ---------------------------------------------------------------------------
+
+
+class AcceptedWire(TypedDict):
+    tick: int
+    ms: float
+    blocks: int
+    running: int
+    waiting: int
+
+
+class QueueWire(TypedDict, total=False):
+    policy: str
+    wait_ms: float | None
+    ahead: int | None
+    rule: str  # only once a slot was granted
+
+
+class SlotWire(TypedDict):
+    index: int
+    tick: int
+    ms: float
+
+
+class ChunkWire(TypedDict):
+    tick: int
+    tokens: int
+    ms: float
+    end_ms: float
+    decode_ms: float
+
+
+class DecodeWire(TypedDict):
+    ticks: int
+    ms: float
+    runs: list[list[int | float]]  # [first tick, ticks, batch, ms] per run
+
+
+class FinishWire(TypedDict):
+    reason: str
+    detail: str
+    tick: int
+    ms: float
+    generated_tokens: int
+
+
+class TimelineWire(TypedDict):
+    """A whole timeline as the API returns it."""
+
+    request_id: str
+    status: str  # waiting, running, finished
+    tenant: str
+    priority: int
+    prompt_tokens: int
+    admission: dict[str, Any] | None
+    accepted: AcceptedWire | None
+    queue: QueueWire | None
+    slot: SlotWire | None
+    prefix_reused_tokens: int
+    prefill: list[ChunkWire]
+    first_token_ms: float | None
+    decode: DecodeWire
+    finish: FinishWire | None
+
+
+def read_wire(timeline: Mapping[str, Any]) -> TimelineWire:
+    """A timeline received from the engine (msgpack gives a plain dict), typed for reading."""
+    return cast(TimelineWire, timeline)
+
+
+def slot_ms(timeline: Mapping[str, Any] | None) -> float | None:
+    """Arrival to slot grant from a timeline's wire form; None without a slot."""
+    slot = read_wire(timeline).get("slot") if timeline else None
+    return slot["ms"] if slot else None
+
+
+# -- the steps, as the engine records them -----------------------------------------------------
+
+
+class Accepted(NamedTuple):
+    """The engine took the request: own blocks reserved, requests running and waiting then."""
+
+    tick: int
+    ns: int
+    blocks: int
+    running: int
+    waiting: int
+
+    def wire(self, arrival_ns: int) -> AcceptedWire:
+        return {
+            "tick": self.tick,
+            "ms": ms(self.ns - arrival_ns),
+            "blocks": self.blocks,
+            "running": self.running,
+            "waiting": self.waiting,
+        }
+
+
+class SlotGrant(NamedTuple):
+    """A slot was granted: why (the policy's rule) and how many got one ahead of it."""
+
+    tick: int
+    ns: int
+    slot_index: int  # not ``index``: a tuple's method
+    rule: str
+    ahead: int
+
+    def wire(self, arrival_ns: int) -> SlotWire:
+        return {"index": self.slot_index, "tick": self.tick, "ms": ms(self.ns - arrival_ns)}
+
+
+class PrefillChunk(NamedTuple):
+    """A prefill chunk's tick: ``gap_ns`` since the previous step, ``decode_ns`` of the
+    tick's ``llama_decode`` (shared with its batch)."""
+
+    tick: int
+    tokens: int
+    end_ns: int
+    gap_ns: int
+    decode_ns: int
+
+    @property
+    def start_ns(self) -> int:
+        return self.end_ns - self.gap_ns
+
+    def wire(self, arrival_ns: int) -> ChunkWire:
+        return {
+            "tick": self.tick,
+            "tokens": self.tokens,
+            "ms": ms(self.gap_ns),
+            "end_ms": ms(self.end_ns - arrival_ns),
+            "decode_ms": ms(self.decode_ns),
+        }
+
+
+class DecodeRun(NamedTuple):
+    """Consecutive decode ticks with the same batch size, ``ns`` in total."""
+
+    first_tick: int
+    ticks: int
+    batch: int
+    ns: int
+
+    def follows(self, tick: int, batch: int) -> bool:
+        """Whether a decode tick ``tick`` of batch ``batch`` continues this run."""
+        return self.batch == batch and self.first_tick + self.ticks == tick
+
+    def plus(self, ns: int) -> DecodeRun:
+        """This run one tick longer."""
+        return self._replace(ticks=self.ticks + 1, ns=self.ns + ns)
+
+    def wire(self) -> list[int | float]:
+        return [self.first_tick, self.ticks, self.batch, ms(self.ns)]
+
+
+class Finish(NamedTuple):
+    """How the request ended, and the tokens it generated."""
+
+    reason: str
+    detail: str
+    tick: int
+    ns: int
+    generated: int
+
+    def wire(self, arrival_ns: int) -> FinishWire:
+        return {
+            "reason": self.reason,
+            "detail": self.detail,
+            "tick": self.tick,
+            "ms": ms(self.ns - arrival_ns),
+            "generated_tokens": self.generated,
+        }
+
+
+def decode_wire(runs: list[DecodeRun]) -> DecodeWire:
+    return {
+        "ticks": sum(run.ticks for run in runs),
+        "ms": ms(sum(run.ns for run in runs)),
+        "runs": [run.wire() for run in runs],
+    }
