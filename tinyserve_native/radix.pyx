@@ -172,17 +172,19 @@ cdef class RadixTree:
         cdef list heap = self._leaf_heap
         cdef list pinned = []
         cdef long long found = -1
-        while heap:
-            entry = heap[0]
-            if not self._is_current_leaf(entry):
-                heappop(heap)
-            elif refcount(entry[1]) == 0:
-                found = entry[1]
-                break
-            else:
-                pinned.append(heappop(heap))
-        for entry in pinned:
-            heappush(heap, entry)
+        try:
+            while heap:
+                entry = heap[0]
+                if not self._is_current_leaf(entry):
+                    heappop(heap)
+                elif refcount(entry[1]) == 0:
+                    found = entry[1]
+                    break
+                else:
+                    pinned.append(heappop(heap))
+        finally:  # a refcount that raises must not lose the pinned leaves
+            for entry in pinned:
+                heappush(heap, entry)
         return found
 
     def seqs_in_use(self) -> set:

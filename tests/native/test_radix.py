@@ -109,6 +109,20 @@ def test_pinned_leaves_are_skipped_and_stay_in_order(tree: RadixTree) -> None:
     assert leaves_in_eviction_order(tree) == [10, 20, 30]
 
 
+def test_a_refcount_that_raises_loses_no_leaf(tree: RadixTree) -> None:
+    tree.insert([1, 1], [10], 0)
+    tree.insert([2, 2], [20], 1)
+
+    def broken(block: int) -> int:
+        if block == 20:
+            raise IndexError(block)
+        return 1
+
+    with pytest.raises(IndexError):
+        tree.lru_leaf(broken)
+    assert leaves_in_eviction_order(tree) == [10, 20]
+
+
 def test_an_inner_node_is_not_evictable_until_its_last_child_goes(tree: RadixTree) -> None:
     tree.insert([1, 1, 2, 2], [10, 11], 0)
     tree.insert([1, 1, 3, 3], [12, 13], 1)
