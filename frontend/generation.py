@@ -3,30 +3,24 @@ checks that need its prompt tokenized (the bodies' own rules live in ``models``)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tinyserve.frontend.api_errors import invalid, too_long
+from tinyserve.protocol import SamplingParams
 
 
 @dataclass(frozen=True)
 class Generation:
-    """A checked request with every default resolved (not yet tokenized)."""
+    """A checked request with every default resolved (not yet tokenized); ``sampling`` goes
+    to the engine as it is."""
 
     prompt: str
     max_tokens: int
+    sampling: SamplingParams
     stream: bool = False
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
     priority: int = 0
     tenant: str = "default"
     timeline: bool = False
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: int = -1  # alternatives per token to report; -1: no logprobs
-    ignore_eos: bool = False
 
 
 def check_prompt_fits(prompt_tokens: int, max_tokens: int, n_ctx: int) -> None:

@@ -41,7 +41,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     req = parse_body(await json_body(request), CompletionRequest, config)
     _check_model(request, req.model)
     generation = req.generation(config)
-    reply = _reply(request, req, COMPLETIONS, generation.logprobs)
+    reply = _reply(request, req, COMPLETIONS, generation.sampling.logprobs)
     return await pipeline.run(request, generation, reply, req.prompt_ids)
 
 
@@ -58,7 +58,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     # Tokenized here, in parts: the messages' text must never become control tokens.
     prompt_ids = await request.app[TOKENIZER].tokenize_chat(chat)
     generation = dataclasses.replace(req.generation(config), prompt=chat.text)
-    reply = _reply(request, req, CHAT, generation.logprobs)
+    reply = _reply(request, req, CHAT, generation.sampling.logprobs)
     return await pipeline.run(request, generation, reply, prompt_ids)
 
 

@@ -95,28 +95,16 @@ def _admit(request: web.Request, prompt_tokens: int, max_tokens: int, obs: Obser
 def _submit_message(
     req: Generation, prompt_ids: list[int], frontend_id: str, obs: Observation
 ) -> protocol.Submit:
-    sampling = protocol.SamplingParams(
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        ignore_eos=req.ignore_eos,
-        seed=req.seed,
-        stop=req.stop,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        logprobs=req.logprobs,
-    )
     return protocol.Submit(
         request_id=obs.request_id,
         frontend_id=frontend_id,
         prompt_ids=prompt_ids,
-        sampling=sampling,
+        sampling=req.sampling,
         max_tokens=req.max_tokens,
         priority=req.priority,
         tenant=req.tenant,
         arrival_ns=obs.arrival_ns,
         trace_context=obs.trace_context,
-        want_timeline=req.timeline,
         admission=obs.admission,
     )
 

@@ -11,6 +11,7 @@ from pydantic import BeforeValidator, Field
 
 from tinyserve.frontend.generation import Generation
 from tinyserve.frontend.models.common import INTEGRAL, OUTPUT_LENGTH, Request, Text, expect
+from tinyserve.protocol import SamplingParams
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 64
@@ -59,7 +60,8 @@ MAX_TOKENS_TEXT = (
 )
 
 
-_GENERATION = {field.name for field in dataclasses.fields(Generation)}
+_SAMPLING = {field.name for field in dataclasses.fields(SamplingParams)}
+_GENERATION = {field.name for field in dataclasses.fields(Generation)} | _SAMPLING
 
 
 class Sampling(Request):
@@ -81,5 +83,7 @@ class Sampling(Request):
         """The request with every default resolved: each field ``Generation`` has too, by
         name, then ``overrides``."""
         fields = type(self).model_fields
-        shared = {name: getattr(self, name) for name in _GENERATION if name in fields}
-        return Generation(**shared | overrides)
+        values = {name: getattr(self, name) for name in _GENERATION if name in fields}
+        values |= overrides
+        sampling = SamplingParams(**{name: values.pop(name) for name in _SAMPLING & set(values)})
+        return Generation(sampling=sampling, **values)

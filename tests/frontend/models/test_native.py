@@ -12,6 +12,7 @@ from tinyserve.frontend.api_errors import ApiError
 from tinyserve.frontend.generation import Generation, check_prompt_fits
 from tinyserve.frontend.models.native import GenerateRequest
 from tinyserve.frontend.models.parse import parse_body
+from tinyserve.protocol import SamplingParams
 
 CONFIG = build_config({"max_tokens_limit": 512, "default_max_tokens": 32}, environ={})
 
@@ -31,9 +32,10 @@ def rejected(body: Any) -> ApiError:
 
 def test_defaults() -> None:
     req = parse({"prompt": "hi"})
-    assert req == Generation(prompt="hi", max_tokens=32)
-    assert (req.stream, req.temperature, req.top_p, req.top_k) == (False, 0.0, 1.0, 0)
-    assert (req.seed, req.stop, req.priority, req.tenant, req.timeline) == (
+    assert req == Generation(prompt="hi", max_tokens=32, sampling=SamplingParams())
+    s = req.sampling
+    assert (req.stream, s.temperature, s.top_p, s.top_k) == (False, 0.0, 1.0, 0)
+    assert (s.seed, s.stop, req.priority, req.tenant, req.timeline) == (
         None,
         [],
         0,
@@ -59,18 +61,19 @@ def test_every_field() -> None:
         }
     )
     assert req.max_tokens == 512 and req.stream and req.timeline
-    assert req.temperature == 2.0 and isinstance(req.temperature, float)
-    assert (req.top_p, req.top_k, req.seed, req.priority) == (0.5, 40, 7, -10)
-    assert req.stop == ["\n", "END"] and req.tenant == "team-a.b_c"
+    sampling = req.sampling
+    assert sampling.temperature == 2.0 and isinstance(sampling.temperature, float)
+    assert (sampling.top_p, sampling.top_k, sampling.seed, req.priority) == (0.5, 40, 7, -10)
+    assert sampling.stop == ["\n", "END"] and req.tenant == "team-a.b_c"
 
 
 def test_stop_string_becomes_list() -> None:
-    assert parse({"prompt": "x", "stop": "###"}).stop == ["###"]
+    assert parse({"prompt": "x", "stop": "###"}).sampling.stop == ["###"]
 
 
 def test_null_means_default() -> None:
     req = parse({"prompt": "x", "max_tokens": None, "stream": None, "seed": None})
-    assert (req.max_tokens, req.stream, req.seed) == (32, False, None)
+    assert (req.max_tokens, req.stream, req.sampling.seed) == (32, False, None)
 
 
 @pytest.mark.parametrize(
@@ -175,15 +178,17 @@ def test_duplicate_keys_are_refused() -> None:
 def test_integral_floats_are_integers() -> None:
     # JSON (and JSON Schema) has one number type: 2.0 is the integer 2.
     req = parse({"prompt": "x", "max_tokens": 2.0, "top_k": 3.0, "seed": 0.0, "priority": -1.0})
-    assert (req.max_tokens, req.top_k, req.seed, req.priority) == (2, 3, 0, -1)
-    assert all(type(v) is int for v in (req.max_tokens, req.top_k, req.seed, req.priority))
+    values = (req.max_tokens, req.sampling.top_k, req.sampling.seed, req.priority)
+    assert values == (2, 3, 0, -1)
+    assert all(type(v) is int for v in values)
 
 
 def test_edge_values_accepted() -> None:
     req = parse({"prompt": "x", "max_tokens": 1, "top_p": 1, "seed": 2**32 - 1, "priority": 10})
-    assert (req.max_tokens, req.top_p, req.seed, req.priority) == (1, 1.0, 2**32 - 1, 10)
-    assert parse({"prompt": "x", "stop": ["y" * 64] * 4}).stop == ["y" * 64] * 4
-    assert parse({"prompt": "x", "stop": []}).stop == []
+    values = (req.max_tokens, req.sampling.top_p, req.sampling.seed, req.priority)
+    assert values == (1, 1.0, 2**32 - 1, 10)
+    assert parse({"prompt": "x", "stop": ["y" * 64] * 4}).sampling.stop == ["y" * 64] * 4
+    assert parse({"prompt": "x", "stop": []}).sampling.stop == []
     assert parse({"prompt": "x", "tenant": "a" * 64}).tenant == "a" * 64
 
 

@@ -14,6 +14,7 @@ from tinyserve.frontend.generation import Generation
 from tinyserve.frontend.models.chat import ChatCompletionRequest
 from tinyserve.frontend.models.openai_requests import CompletionRequest
 from tinyserve.frontend.models.parse import parse_body
+from tinyserve.protocol import SamplingParams
 
 CONFIG = build_config({"max_tokens_limit": 512, "default_max_tokens": 32}, environ={})
 USER = [{"role": "user", "content": "hi"}]
@@ -38,7 +39,8 @@ def rejected(parse: Any, **body: Any) -> ApiError:
 
 def test_completion_defaults_follow_openai() -> None:
     req = completion()
-    assert (req.model, req.generation(CONFIG)) == ("m", Generation("p", 32, temperature=1.0))
+    expected = Generation("p", 32, SamplingParams(temperature=1.0))
+    assert (req.model, req.generation(CONFIG)) == ("m", expected)
     assert req.prompt_ids is None and not req.include_usage
 
 
@@ -49,10 +51,13 @@ def test_every_completion_field() -> None:
         stream=True, stream_options={"include_usage": True}, n=1, user="u",
         best_of=1, echo=False, suffix=None, logit_bias={}, ignore_eos=True,
     )  # fmt: skip
-    assert req.generation(CONFIG) == Generation(
-        "p", 7, True, 0.5, 0.9, 4, 3, ["a", "b"], 2, "t",
+    sampling = SamplingParams(
+        0.5, 0.9, 4, 3, ["a", "b"],
         presence_penalty=0.5, frequency_penalty=-1.0, logprobs=2, ignore_eos=True,
     )  # fmt: skip
+    assert req.generation(CONFIG) == Generation(
+        "p", 7, sampling, stream=True, priority=2, tenant="t"
+    )
     assert req.include_usage
 
 
@@ -63,8 +68,9 @@ def test_every_chat_field() -> None:
         response_format={"type": "text"}, tools=[], tool_choice="none", modalities=["text"],
     )  # fmt: skip
     generation = req.generation(CONFIG)
-    assert (generation.max_tokens, generation.logprobs) == (9, 3)
-    assert (generation.temperature, generation.seed, generation.stop) == (0.0, 1, ["x"])
+    assert (generation.max_tokens, generation.sampling.logprobs) == (9, 3)
+    sampling = generation.sampling
+    assert (sampling.temperature, sampling.seed, sampling.stop) == (0.0, 1, ["x"])
     assert req.template_messages() == [ChatMessage("user", "hi")]
     assert req.ends_with_generation_prompt and not req.continue_final_message
 
@@ -99,7 +105,7 @@ def test_features_we_lack_are_400s_naming_the_field(parse: Any, name: str, value
 def test_null_is_the_default_for_every_known_field() -> None:
     fields = ChatCompletionRequest.model_fields
     req = chat(**{name: None for name, field in fields.items() if not field.is_required()})
-    assert req.generation(CONFIG) == Generation("", 32, temperature=1.0)
+    assert req.generation(CONFIG) == Generation("", 32, SamplingParams(temperature=1.0))
 
 
 def test_a_bool_is_no_default_number() -> None:
@@ -149,9 +155,9 @@ def test_user_is_the_tenant_unless_tenant_is_given() -> None:
 
 
 def test_chat_logprobs() -> None:
-    assert chat().generation(CONFIG).logprobs == -1
-    assert chat(logprobs=True).generation(CONFIG).logprobs == 0
-    assert chat(logprobs=True, top_logprobs=5).generation(CONFIG).logprobs == 5
+    assert chat().generation(CONFIG).sampling.logprobs == -1
+    assert chat(logprobs=True).generation(CONFIG).sampling.logprobs == 0
+    assert chat(logprobs=True, top_logprobs=5).generation(CONFIG).sampling.logprobs == 5
     assert rejected(chat, top_logprobs=2).param == "top_logprobs"
     assert rejected(chat, logprobs=True, top_logprobs=6).param == "top_logprobs"
 
