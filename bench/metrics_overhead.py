@@ -2,7 +2,7 @@
 
 In one process, against a fresh metrics directory (multiprocess mode, as in a node):
 - an idle engine pass (gauges only) and a busy one (a tick of 8 requests, one token each,
-  with a slot grant and a finish), through ``EngineMeter.after_pass`` on a stand-in core;
+  with a slot grant and a finish), through ``EngineMeter.after_pass`` on a ``TickReport``;
 - one output piece of a request through ``RequestMeter.piece`` (a histogram observation);
 - ``render()`` of the merged metrics, the work of one ``GET /metrics``.
 
@@ -15,12 +15,12 @@ import argparse
 import tempfile
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
-from typing import Any
 
 from tinyserve import metrics, protocol
 from tinyserve.engine.meters import EngineMeter
 from tinyserve.engine.prefix_cache import CacheStats
+from tinyserve.engine.report import RULE_ARRIVAL, Batch, Cause, Finish, Grant, Load, TickReport
+from tinyserve.engine.timeline import Timeline
 from tinyserve.frontend.meters import RequestMeter
 from tinyserve.frontend.streams import Piece
 
@@ -32,29 +32,25 @@ def per_call_us(fn: Callable[[], None], n: int) -> float:
     return (time.perf_counter() - started) / n * 1e6
 
 
-def stand_in_core() -> Any:
-    """What EngineMeter reads of an EngineCore: a busy engine with 8 running requests."""
-    stats = protocol.EngineStats(1, 8, 8, 0.01, 2, 8, 256, 40)
-    return SimpleNamespace(
-        tick=0,
-        stats=lambda: stats,
-        cache=SimpleNamespace(stats=CacheStats()),
-        policy=[None, None],
-        running=[None] * 8,
-        slots=[None] * 8,
-        blocks=SimpleNamespace(total=256, used=40, cached=12),
-    )
+def load(blocks_used: int = 40) -> Load:
+    """A busy engine's load: 8 running requests, 2 waiting."""
+    return Load(1, 2, 8, 256, blocks_used, 12, 1.0)
 
 
-def busy_tick(n_requests: int) -> list[protocol.TickOutput]:
-    slot = protocol.Event(protocol.EVENT_SLOT, 1, 0, "arrival")
+def busy_tick(n_requests: int) -> TickReport:
+    """A tick of ``n_requests`` decode rows, one token each; one slot grant, one finish."""
     updates = [protocol.RequestUpdate(f"r{i}", 1, token_ids=[7]) for i in range(n_requests)]
-    updates[0] = protocol.RequestUpdate("r0", 1, token_ids=[7], events=[slot])
-    updates[1] = protocol.RequestUpdate(
-        "r1", 2, token_ids=[7], finish_reason=protocol.FINISH_LENGTH, prompt_tokens=30
+    submit = protocol.Submit("r1", "f" * 32, [1] * 30, protocol.SamplingParams(), 8)
+    finish = Finish(protocol.FINISH_LENGTH, Cause.NONE, 30, 0, Timeline(submit, "fifo"))
+    return TickReport(
+        load(),
+        {"f" * 32: updates},
+        grants=[Grant("r0", RULE_ARRIVAL, "default", 0, 0.01)],
+        finishes=[finish],
+        batch=Batch(n_requests, n_requests, 0, n_requests, 0.01),
+        generated=n_requests,
+        cache=CacheStats(),
     )
-    stats = protocol.EngineStats(1, n_requests, n_requests, 0.01, 2, 8, 256, 40)
-    return [protocol.TickOutput("f" * 32, updates, stats)]
 
 
 def main() -> None:
@@ -65,16 +61,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as run_dir:
         m = metrics.setup(run_dir, metrics.ENGINE)
         metrics.setup(run_dir, metrics.FRONTEND)
-        meter = EngineMeter(m, "fifo")
-        core = stand_in_core()
-        idle = per_call_us(lambda: meter.after_pass(core, [], 0), n)
+        meter = EngineMeter(m, "fifo", 8)
+        idle_report = TickReport(load(), cache=CacheStats())
+        idle = per_call_us(lambda: meter.after_pass(idle_report), n)
 
-        outputs = busy_tick(8)
+        report = busy_tick(8)
+        changing = [load(40), load(41)]  # a gauge that changes, as in a busy engine
+        tick = 0
 
         def busy() -> None:
-            core.tick += 1
-            core.blocks.used = 40 + core.tick % 2  # a gauge that changes, as in a busy engine
-            meter.after_pass(core, outputs, 0)
+            nonlocal tick
+            tick += 1
+            report.load = changing[tick % 2]
+            meter.after_pass(report)
 
         busy_us = per_call_us(busy, n)
         request = RequestMeter(m)

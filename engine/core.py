@@ -1,7 +1,9 @@
 """The engine's logic, free of sockets: accept, schedule, batch, decode, sample, report.
 
-``EngineCore.step`` is one tick and reads as its steps. Tests drive it in-process with the
-real model; ``proc.py`` wraps it with ZeroMQ and the board.
+``EngineCore.step`` is one tick and reads as its steps; it returns one ``TickReport`` (plain
+values: updates, slot grants, finishes, rejections, the batch, the load). Tests drive it
+in-process with the real model; ``proc.py`` wraps it with ZeroMQ, the board, metrics and
+spans, all derived from the report: the core calls no transport, tracing or metrics code.
 
 Failures come in two tiers. Each per-request step (accept, slot grant, batch row, sampling)
 runs under ``_serving``: whatever goes wrong in it ends that request alone with
@@ -20,22 +22,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from tinyserve import capacity
 from tinyserve.config import Config
-from tinyserve.engine.outbox import Outbox
+from tinyserve.engine.drafts import TickDrafts
 from tinyserve.engine.policies import Policy, make_policy
 from tinyserve.engine.prefix_cache import NO_HIT, PrefixCache
+from tinyserve.engine.report import Batch, Cause, Finish, Grant, Load, Rejection, TickReport
 from tinyserve.engine.runtime import LlamaRuntime, Sampler
 from tinyserve.engine.sequence import Sequence, Status
-from tinyserve.engine.spans import SpanRecorder
 from tinyserve.engine.timeline import RecentTimelines, Timeline
 from tinyserve.errors import EngineFatalError, RequestError
 from tinyserve.logs import fields
 from tinyserve.protocol import (
-    EVENT_ACCEPTED,
-    EVENT_FINISHED,
-    EVENT_PREFILL,
-    EVENT_PREFIX_HIT,
-    EVENT_SLOT,
     FINISH_CANCELLED,
     FINISH_ERROR,
     FINISH_LENGTH,
@@ -47,9 +45,8 @@ from tinyserve.protocol import (
     REJECT_KV_CACHE_FULL,
     REJECT_QUEUE_FULL,
     REJECT_TOO_LONG,
-    EngineStats,
+    RequestUpdate,
     Submit,
-    TickOutput,
 )
 from tinyserve_native.kv_blocks import BlockAccountant
 
@@ -75,10 +72,8 @@ class EngineCore:
         config: Config,
         runtime: LlamaRuntime,
         clock: Callable[[], int] = time.monotonic_ns,
-        spans: SpanRecorder | None = None,
     ) -> None:
         self.config = config
-        self.spans = spans  # OpenTelemetry spans of finished requests; None: tracing off
         self.runtime = runtime
         self.clock = clock
         self.n_ctx = runtime.n_ctx
@@ -91,14 +86,14 @@ class EngineCore:
         self.running: list[Sequence] = []  # in slot-grant order: earlier prefills go first
         self.samplers: dict[int, Sampler] = {}  # by slot
         self.by_id: dict[str, Sequence] = {}
-        self.outbox = Outbox()
+        self.drafts = TickDrafts()
         self.tick = 0
         self.draining = False
         self._arrivals = 0
         self._grants = 0  # slot grants so far: "admitted ahead of it" in timelines
         self.recent = RecentTimelines(config.timeline_keep)
         self._finished_at: deque[int] = deque()
-        self._last_batch = (0, 0, 0.0)  # requests, tokens, seconds
+        self._batch: Batch | None = None  # decoded this tick
 
     # -- inputs between ticks ---------------------------------------------------------------
 
@@ -136,26 +131,24 @@ class EngineCore:
         seq.timeline.accept(self.tick, self.clock(), own, self._grants, len(self.running), waiting)
         self.policy.add(seq)
         seq.status = Status.WAITING
-        self.outbox.event(request, EVENT_ACCEPTED, self.tick, own)
+        self.drafts.accepted(request)
 
     def _rejection(self, request: Submit) -> str:
-        total = len(request.prompt_ids) + request.max_tokens
-        need = self.blocks.blocks_for(total)
-        if not request.prompt_ids or total > self.n_ctx or need > self.blocks.total:
+        prompt, max_tokens = len(request.prompt_ids), request.max_tokens
+        block_size, total = self.config.block_size, self.blocks.total
+        if not capacity.fits_context(prompt, max_tokens, self.n_ctx, block_size, total):
             return REJECT_TOO_LONG
         if self.draining:
             return REJECT_DRAINING
-        # Accepted requests that a free slot takes at the next tick never wait in the queue.
-        free_slots = self.slots.count(None)
-        if len(self.policy) - free_slots >= self.config.max_queue:
+        if capacity.queue_full(len(self.policy), self.slots.count(None), self.config.max_queue):
             return REJECT_QUEUE_FULL
         return ""
 
     def _reject(self, request: Submit, reason: str) -> None:
         timeline = Timeline(request, self.policy.name)
         timeline.end(FINISH_REJECTED, reason, self.tick, self.clock(), 0)
-        self._record(timeline)
-        self.outbox.finish(request, FINISH_REJECTED, reason, timeline=timeline.to_dict())
+        self.drafts.finish(request, FINISH_REJECTED, reason, timeline=self._record(timeline))
+        self.drafts.rejected(Rejection(reason, timeline))
 
     def _make_room(self, n_blocks: int) -> bool:
         if self.cache:
@@ -163,19 +156,25 @@ class EngineCore:
                 return cache.make_room(n_blocks)
         return self.blocks.can_allocate(n_blocks)
 
-    def cancel(self, request_id: str, reason: str = FINISH_CANCELLED, detail: str = "") -> bool:
+    def cancel(
+        self,
+        request_id: str,
+        reason: str = FINISH_CANCELLED,
+        detail: str = "",
+        cause: Cause = Cause.CLIENT,
+    ) -> bool:
         """End a waiting or running request now; unknown ids (already finished) are ignored."""
         seq = self.by_id.get(request_id)
         if seq is None:
             return False
-        self._finish(seq, reason, detail)
+        self._finish(seq, reason, detail, cause)
         return True
 
     def cancel_frontend(self, frontend_id: str) -> int:
         """End every request of a frontend that went away; returns how many."""
         gone = [s for s in self.by_id.values() if s.request.frontend_id == frontend_id]
         for seq in gone:
-            self._finish(seq, FINISH_CANCELLED, "frontend gone")
+            self._finish(seq, FINISH_CANCELLED, "frontend gone", Cause.FRONTEND_GONE)
         return len(gone)
 
     # -- one tick ----------------------------------------------------------------------------
@@ -183,10 +182,10 @@ class EngineCore:
     def has_work(self) -> bool:
         return bool(self.by_id)
 
-    def step(self) -> list[TickOutput]:
+    def step(self) -> TickReport:
         """One tick: expire, admit, build one batch, decode it, sample, report."""
         now = self.clock()
-        self._last_batch = (0, 0, 0.0)
+        self._batch = None
         self._expire(now)
         self._admit(now)
         batch = self._build_batch()
@@ -194,7 +193,12 @@ class EngineCore:
             self.tick += 1
             if self._decode(batch):
                 self._sample(batch, self.clock())
-        return self.outbox.flush(self.stats())
+        return self.report()
+
+    def report(self) -> TickReport:
+        """What happened since the last report (nothing on an idle pass) and the load now."""
+        batch, self._batch = self._batch, None
+        return self.drafts.flush(self.load(), batch, self.cache.stats if self.cache else None)
 
     def _expire(self, now: int) -> None:
         queue_ns = int(self.config.queue_timeout * 1e9)
@@ -202,9 +206,9 @@ class EngineCore:
         for seq in list(self.by_id.values()):
             age = now - seq.request.arrival_ns
             if queue_ns and seq.status is Status.WAITING and age > queue_ns:
-                self._finish(seq, FINISH_QUEUE_TIMEOUT)
+                self._finish(seq, FINISH_QUEUE_TIMEOUT, cause=Cause.QUEUE_TIMEOUT)
             elif total_ns and age > total_ns:
-                self._finish(seq, FINISH_TIMEOUT)
+                self._finish(seq, FINISH_TIMEOUT, cause=Cause.REQUEST_TIMEOUT)
 
     def _admit(self, now: int) -> None:
         """Give free slots to waiting requests, in the order the policy chooses."""
@@ -225,14 +229,17 @@ class EngineCore:
         rule = self.policy.rule(seq)
         seq.timeline.grant(self.tick + 1, now, slot, rule, self._grants)
         self._grants += 1
-        # The rule's first word only: bounded, so metrics can count decisions by it.
-        self.outbox.event(seq.request, EVENT_SLOT, self.tick + 1, slot, rule.split(" ")[0])
-        self.samplers[slot] = self.runtime.new_sampler(seq.request.sampling)
+        request = seq.request
+        wait_s = (seq.timeline.wait_ms() or 0.0) / 1e3
+        grant = Grant(
+            seq.request_id, self.policy.rule_kind, request.tenant, request.priority, wait_s
+        )
+        self.drafts.granted(grant)
+        self.samplers[slot] = self.runtime.new_sampler(request.sampling)
         if self.cache and seq.hit.n_tokens:
             with self._cache_call() as cache:
                 cache.attach(seq.hit, slot)
             seq.n_past = seq.timeline.prefix_tokens = seq.hit.n_tokens
-            self.outbox.event(seq.request, EVENT_PREFIX_HIT, self.tick + 1, seq.n_past)
         if log.isEnabledFor(logging.DEBUG):
             self._log_grant(seq, rule)
 
@@ -278,14 +285,15 @@ class EngineCore:
             return None
         last = seq.n_past + n == seq.prompt_len
         row = builder.add_span(seq.request.prompt_ids, seq.n_past, n, seq.n_past, seq.slot, last)
-        self.outbox.event(seq.request, EVENT_PREFILL, self.tick + 1, n)
         return BatchRow(seq, n, row if last else -1)
 
     def _decode(self, batch: list[BatchRow]) -> bool:
         started = time.perf_counter()
         status = self.runtime.decode()
         elapsed = time.perf_counter() - started
-        self._last_batch = (len(batch), sum(r.n_tokens for r in batch), elapsed)
+        tokens = sum(r.n_tokens for r in batch)
+        decode_tokens = sum(1 for r in batch if r.seq.status is Status.DECODE)
+        self._batch = Batch(len(batch), tokens, tokens - decode_tokens, decode_tokens, elapsed)
         if status == 0:
             return True
         # A failed decode leaves the batch's KV state undefined: fail just these requests.
@@ -305,7 +313,7 @@ class EngineCore:
         seq.n_past += item.n_tokens
         self.policy.charge(seq, item.n_tokens)
         if seq.status is Status.PREFILL:
-            decode_ns = int(self._last_batch[2] * 1e9)
+            decode_ns = int(self._batch.decode_s * 1e9) if self._batch else 0
             seq.timeline.prefill_chunk(self.tick, item.n_tokens, now, decode_ns)
         else:
             seq.timeline.decode_tick(self.tick, batch_size, now)
@@ -326,13 +334,15 @@ class EngineCore:
         seq.output_ids.append(token)
         top_n = seq.request.sampling.logprobs
         logprobs = self.runtime.logprobs(row, token, top_n) if top_n >= 0 else None
-        self.outbox.token(seq.request, token, seq.stops.feed(self.runtime.piece(token)), logprobs)
+        self.drafts.token(seq.request, token, seq.stops.feed(self.runtime.piece(token)), logprobs)
         if seq.stops.stopped:
             self._finish(seq, FINISH_STOP)
         elif seq.generated >= seq.request.max_tokens:
             self._finish(seq, FINISH_LENGTH)
 
-    def _finish(self, seq: Sequence, reason: str, detail: str = "") -> None:
+    def _finish(
+        self, seq: Sequence, reason: str, detail: str = "", cause: Cause = Cause.NONE
+    ) -> None:
         """End ``seq``: free its slot and blocks, then report. Only a broken invariant of the
         engine (block accounting, policy state) raises here; a failing prefix cache does not."""
         if seq.status is not Status.NEW:
@@ -350,11 +360,11 @@ class EngineCore:
         now = self.clock()
         seq.timeline.end(reason, detail, self.tick, now, seq.generated)
         timeline = self._record(seq.timeline)
-        self.outbox.text(seq.request, seq.stops.flush())
-        self.outbox.event(seq.request, EVENT_FINISHED, self.tick, seq.generated, reason)
+        self.drafts.text(seq.request, seq.stops.flush())
         # Cached tokens are the ones a slot reused; a request that never got one reused none.
         cached = seq.timeline.prefix_tokens
-        self.outbox.finish(seq.request, reason, detail, cached, timeline)
+        self.drafts.finish(seq.request, reason, detail, cached, timeline)
+        self.drafts.finished(Finish(reason, cause, seq.prompt_len, cached, seq.timeline))
         self._finished_at.append(now)
 
     def _park(self, seq: Sequence, reason: str, detail: str) -> tuple[str, str]:
@@ -368,11 +378,9 @@ class EngineCore:
         return reason, detail
 
     def _record(self, timeline: Timeline) -> dict[str, Any]:
-        """Keep a finished request's timeline for queries and hand it to tracing."""
+        """Keep a finished request's timeline for queries; returns it as the API shows it."""
         as_dict = timeline.to_dict()
         self.recent.add(timeline.request.request_id, as_dict)
-        if self.spans is not None:
-            self.spans.record(timeline)
         return as_dict
 
     def _free_slot(self, seq: Sequence) -> None:
@@ -467,12 +475,13 @@ class EngineCore:
         else:
             self._finish(seq, FINISH_ERROR, "its cached prefix was dropped and no KV space is left")
 
-    def abandon(self, detail: str) -> list[TickOutput]:
-        """The engine cannot go on: every request in flight ends with an error. Only the outbox
-        is touched (the rest of the state may be what broke); pending updates go out too."""
+    def abandon(self, detail: str) -> dict[str, list[RequestUpdate]]:
+        """The engine cannot go on: every request in flight ends with an error. Only the drafts
+        are touched (the rest of the state may be what broke); pending updates go out too.
+        Returns the updates per frontend (nothing else of the state is to be trusted)."""
         for seq in self.by_id.values():
-            self.outbox.finish(seq.request, FINISH_ERROR, detail)
-        return self.outbox.flush(self.stats())
+            self.drafts.finish(seq.request, FINISH_ERROR, detail)
+        return self.drafts.flush(_NO_LOAD, None, None).updates
 
     # -- reporting ---------------------------------------------------------------------------
 
@@ -488,15 +497,18 @@ class EngineCore:
             self._finished_at.popleft()
         return len(self._finished_at) / DRAIN_WINDOW_S
 
-    def stats(self) -> EngineStats:
-        requests, tokens, seconds = self._last_batch
-        return EngineStats(
+    def load(self) -> Load:
+        """The load now: for the board and the gauges, taken once per pass."""
+        blocks = self.blocks
+        return Load(
             self.tick,
-            requests,
-            tokens,
-            seconds,
             len(self.policy),
             len(self.running),
-            self.blocks.total,
-            self.blocks.used,
+            blocks.total,
+            blocks.used,
+            blocks.cached,
+            self.drain_rate(),
         )
+
+
+_NO_LOAD = Load(0, 0, 0, 0, 0, 0, 0.0)  # abandon's report: the state may be what broke

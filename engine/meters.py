@@ -1,7 +1,8 @@
-"""The engine's Prometheus figures, taken around ``EngineCore.step`` so the core stays free of
-prometheus: per-tick batch figures, what the tick's updates say (slots granted, tokens,
-finishes), the prefix cache's counters, and the gauges, which are refreshed on every pass of
-the loop, the idle one included.
+"""The engine's Prometheus figures, all read from the tick's ``TickReport`` so the core stays
+free of prometheus: the batch, slot grants (by policy and rule, with the timeline's queue
+wait), finishes and rejections, generated tokens, the prefix cache's counters, and the gauges
+from the report's one load snapshot, which comes on every pass of the loop, the idle one
+included.
 """
 
 from __future__ import annotations
@@ -9,40 +10,39 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from tinyserve import protocol
-from tinyserve.engine.core import EngineCore
 from tinyserve.engine.prefix_cache import CacheStats
+from tinyserve.engine.report import RULE_PRIORITY, RULE_TENANT, Cause, Grant, Load, TickReport
 from tinyserve.metrics import Metrics
 
-# How the engine itself stops a request (the frontend counts the cancels it sends).
-_CANCELLED_HERE = {
-    protocol.FINISH_TIMEOUT: "request_timeout",
-    protocol.FINISH_QUEUE_TIMEOUT: "queue_timeout",
+# Who ended a request, for the cancellations counter (the frontend counts the cancels it sends).
+_CANCELLATIONS = {
+    Cause.FRONTEND_GONE: "frontend_gone",
+    Cause.REQUEST_TIMEOUT: "request_timeout",
+    Cause.QUEUE_TIMEOUT: "queue_timeout",
 }
-_FRONTEND_GONE = "frontend gone"  # EngineCore.cancel_frontend's detail
-TENANT_RULE = "tenant="  # WFQ's rule: the tenant whose turn it was
 OTHER_TENANTS = "other"
+# Gauges of the load, in the order _set_gauges lists their values.
+_LOAD_GAUGES = (
+    "requests_waiting",
+    "requests_running",
+    "kv_blocks_capacity",
+    "kv_blocks_used",
+    "kv_blocks_cached",
+)
 
 
 class EngineMeter:
-    """Turns one engine's state and tick outputs into metric updates; cheap per tick."""
+    """Turns one engine's tick reports into metric updates; cheap per tick."""
 
-    def __init__(self, metrics: Metrics, policy: str, tenants: Iterable[str] = ()) -> None:
+    def __init__(
+        self, metrics: Metrics, policy: str, slots: int, tenants: Iterable[str] = ()
+    ) -> None:
         self.metrics = metrics
         self._policy = policy
         self._tenants = frozenset(tenants)  # named in --tenant-weights: their own rule label
         m = metrics
-        self._gauges = {
-            name: m.gauge(f"tinyserve_{name}")
-            for name in (
-                "requests_waiting",
-                "requests_running",
-                "slots",
-                "kv_blocks_capacity",
-                "kv_blocks_used",
-                "kv_blocks_cached",
-            )
-        }
+        self._gauges = [m.gauge(f"tinyserve_{name}") for name in _LOAD_GAUGES]
+        m.gauge("tinyserve_slots").set(slots)
         self._queue_wait = m.histogram("tinyserve_queue_wait_seconds")
         self._decisions = m.counter("tinyserve_scheduler_decisions_total")
         self._rejections = m.counter("tinyserve_admission_rejections_total")
@@ -54,85 +54,56 @@ class EngineMeter:
         self._batch_tokens = m.histogram("tinyserve_batch_tokens")
         self._decode = m.histogram("tinyserve_decode_step_seconds")
         self._cache = _CacheCounters(metrics)
-        self._arrivals: dict[str, int] = {}  # request id -> arrival_ns, until its slot or end
-        self._tick = 0
-        self._last: dict[str, int] = {}  # gauge values written last
+        self._last = (-1,) * len(_LOAD_GAUGES)  # gauge values written last
 
-    def submitted(self, request: protocol.Submit) -> None:
-        """Remember when a request was sent, for its queue wait (it may be granted a slot and
-        finish within one tick, after which the core no longer knows it)."""
-        self._arrivals[request.request_id] = request.arrival_ns
+    def after_pass(self, report: TickReport) -> None:
+        """After one pass of the engine loop, idle or not."""
+        batch = report.batch
+        if batch is not None:
+            self._batch_requests.observe(batch.requests)
+            self._batch_tokens.observe(batch.tokens)
+            self._decode.observe(batch.decode_s)
+        if report.generated:
+            self._generated.inc(report.generated)
+        for grant in report.grants:
+            self._decisions.labels(self._policy, rule_label(grant, self._tenants)).inc()
+            self._queue_wait.observe(grant.wait_s)
+        for rejection in report.rejections:
+            self._rejections.labels("engine", rejection.reason).inc()
+        for finish in report.finishes:
+            self._prompt.inc(finish.prompt_tokens)
+            if finish.cached_tokens:
+                self._cached.inc(finish.cached_tokens)
+            if finish.cause in _CANCELLATIONS:
+                self._cancellations.labels(_CANCELLATIONS[finish.cause]).inc()
+        if report.cache is not None:
+            self._cache.catch_up(report.cache)
+        self._set_gauges(report.load)
 
-    def after_pass(
-        self, core: EngineCore, outputs: list[protocol.TickOutput], step_ns: int
-    ) -> None:
-        """After one pass of the engine loop; ``step_ns`` is when its ``step`` began (slots
-        are granted at its start)."""
-        if core.tick != self._tick:  # a batch was decoded
-            self._tick = core.tick
-            stats = core.stats()
-            self._batch_requests.observe(stats.batch_requests)
-            self._batch_tokens.observe(stats.batch_tokens)
-            self._decode.observe(stats.decode_s)
-        generated = 0
-        for out in outputs:
-            for update in out.updates:
-                generated += len(update.token_ids)
-                if update.events or update.finish_reason is not None:
-                    self._update(update, step_ns)
-        if generated:
-            self._generated.inc(generated)
-        if core.cache is not None:
-            self._cache.catch_up(core.cache.stats)
-        self.set_gauges(core)
-
-    def set_gauges(self, core: EngineCore) -> None:
-        figures = {
-            "requests_waiting": len(core.policy),
-            "requests_running": len(core.running),
-            "slots": len(core.slots),
-            "kv_blocks_capacity": core.blocks.total,
-            "kv_blocks_used": core.blocks.used,
-            "kv_blocks_cached": core.blocks.cached,
-        }
-        for name, value in figures.items():
-            if self._last.get(name) != value:  # a write per change, not per pass
-                self._gauges[name].set(value)
-                self._last[name] = value
-
-    def _update(self, update: protocol.RequestUpdate, step_ns: int) -> None:
-        for event in update.events:
-            if event.kind == protocol.EVENT_SLOT:
-                rule = rule_label(event.detail, self._tenants)
-                self._decisions.labels(self._policy, rule).inc()
-                arrival = self._arrivals.pop(update.request_id, 0)
-                if arrival:
-                    self._queue_wait.observe(max(step_ns - arrival, 0) / 1e9)
-        if update.finish_reason is not None:
-            self._finished(update)
-
-    def _finished(self, update: protocol.RequestUpdate) -> None:
-        self._arrivals.pop(update.request_id, None)
-        reason = update.finish_reason
-        if reason == protocol.FINISH_REJECTED:
-            self._rejections.labels("engine", update.detail or "unknown").inc()
+    def _set_gauges(self, load: Load) -> None:
+        values = (
+            load.waiting,
+            load.running,
+            load.blocks_total,
+            load.blocks_used,
+            load.blocks_cached,
+        )
+        if values == self._last:
             return
-        self._prompt.inc(update.prompt_tokens)
-        if update.cached_tokens:
-            self._cached.inc(update.cached_tokens)
-        if reason == protocol.FINISH_CANCELLED and update.detail == _FRONTEND_GONE:
-            self._cancellations.labels("frontend_gone").inc()
-        elif reason in _CANCELLED_HERE:
-            self._cancellations.labels(_CANCELLED_HERE[reason]).inc()
+        for gauge, value, last in zip(self._gauges, values, self._last, strict=True):
+            if value != last:  # a write per change, not per pass
+                gauge.set(value)
+        self._last = values
 
 
-def rule_label(detail: str, tenants: frozenset[str]) -> str:
-    """The ``rule`` label of a slot grant (its event's detail): bounded, since clients name
-    tenants, so tenants not configured in --tenant-weights share one label."""
-    tenant = detail.removeprefix(TENANT_RULE)
-    if tenant != detail and tenant not in tenants:
-        return TENANT_RULE + OTHER_TENANTS
-    return detail or "next"
+def rule_label(grant: Grant, tenants: frozenset[str]) -> str:
+    """The ``rule`` label of a slot grant: bounded, since clients name tenants, so tenants not
+    configured in --tenant-weights share one label."""
+    if grant.rule == RULE_TENANT:
+        return f"tenant={grant.tenant if grant.tenant in tenants else OTHER_TENANTS}"
+    if grant.rule == RULE_PRIORITY:
+        return f"priority={grant.priority}"  # -10..10
+    return grant.rule
 
 
 class _CacheCounters:

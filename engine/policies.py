@@ -10,6 +10,7 @@ import heapq
 from collections.abc import Iterator
 from typing import Protocol
 
+from tinyserve.engine.report import RULE_ARRIVAL, RULE_PRIORITY
 from tinyserve.engine.sequence import Sequence, Status
 
 PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = -10, 10, 0
@@ -19,6 +20,7 @@ class Policy(Protocol):
     """The interface every policy implements. The core never looks inside a policy."""
 
     name: str
+    rule_kind: str  # how it chooses, for slot grants: one of report.RULE_*
 
     def add(self, seq: Sequence) -> None:
         """A request was accepted and now waits for a slot."""
@@ -52,6 +54,7 @@ class HeapPolicy:
     """
 
     name = "heap"
+    rule_kind = RULE_ARRIVAL
 
     def __init__(self) -> None:
         self._heap: list[tuple[tuple[int, ...], Sequence]] = []
@@ -109,6 +112,7 @@ class PriorityPolicy(HeapPolicy):
     """
 
     name = "priority"
+    rule_kind = RULE_PRIORITY
 
     def key(self, seq: Sequence) -> tuple[int, ...]:
         return (-seq.request.priority, seq.order)

@@ -1,6 +1,7 @@
 """The engine process: ZeroMQ sockets, the board and signals around ``EngineCore``.
 
-Loop: receive (block only when idle) -> housekeeping -> one core step -> publish.
+Loop: receive (block only when idle) -> housekeeping -> one core step -> its ``TickReport``
+to the board, the wire, the metrics and the spans.
 
 An exception that escapes the loop is the second tier of failures (the core already ends a
 failing request on its own): the engine logs it once, sends every request in flight its
@@ -24,6 +25,7 @@ from tinyserve import metrics
 from tinyserve.config import ENGINE, Config, notify_socket, watchdog_interval_s
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.meters import EngineMeter
+from tinyserve.engine.report import Cause, TickReport
 from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
 from tinyserve.engine.spans import SpanRecorder
 from tinyserve.errors import TinyServeError
@@ -40,6 +42,7 @@ from tinyserve.protocol import (
     HelloAck,
     Message,
     ProtocolError,
+    RequestUpdate,
     Submit,
     TickOutput,
     TimelineQuery,
@@ -100,10 +103,13 @@ class EngineProcess:
         self.started_ns = time.monotonic_ns()
         self.model_name = model_name(config.model, config.model_name)
         self.runtime = LlamaRuntime(RuntimeSpec.from_config(config))
-        spans = SpanRecorder(self.tracing) if self.tracing.tracer else None
-        self.core = EngineCore(config, self.runtime, spans=spans)
+        # OpenTelemetry spans of finished requests; None: tracing off
+        self.spans = SpanRecorder(self.tracing) if self.tracing.tracer else None
+        self.core = EngineCore(config, self.runtime)
         process_metrics = metrics.setup(config.runtime_dir, metrics.ENGINE)
-        self.meter = EngineMeter(process_metrics, config.policy, config.tenant_weight_map)
+        self.meter = EngineMeter(
+            process_metrics, config.policy, config.slots, config.tenant_weight_map
+        )
         self.board = Board.create(config.board_path)
         self.board.set_identity(os.getpid(), self.started_ns)
         self.heartbeat = HeartbeatThread(self.board)
@@ -126,7 +132,7 @@ class EngineProcess:
         self.inbox.bind(self.config.engine_in)
         self.outbox.bind(self.config.engine_out)
         self.heartbeat.start()
-        self._publish_board(STATE_READY)
+        self._publish_board(self.core.report())
         self.notifier.ready(f"serving {self.model_name}")
         log.info(
             "engine ready",
@@ -167,23 +173,29 @@ class EngineProcess:
         try:
             while not self._finished():
                 self._pass()
+            detail = "the engine stopped (drain timeout)"
             for request_id in list(self.core.by_id):
-                self.core.cancel(request_id, FINISH_ERROR, "the engine stopped (drain timeout)")
-            self._publish(self.core.step())
+                self.core.cancel(request_id, FINISH_ERROR, detail, Cause.ENGINE)
+            self._report(self.core.step())
         except Exception as exc:
             self._fail(exc)
 
     def _pass(self) -> None:
         self._receive(block=not self.core.has_work())
         self._housekeeping()
-        step_ns = time.monotonic_ns()
-        outputs = self.core.step() if self.core.has_work() or self.core.outbox else []
-        # Board first: a frontend that sees a request's output also sees the capacity and
-        # counts of the tick that produced it.
-        self._publish_board(STATE_DRAINING if self.core.draining else STATE_READY)
-        self._publish(outputs)
-        self.meter.after_pass(self.core, outputs, step_ns)  # gauges too, when idle
+        core = self.core
+        self._report(core.step() if core.has_work() or core.drafts else core.report())
         self.heartbeat.progress_ns = time.monotonic_ns()
+
+    def _report(self, report: TickReport) -> None:
+        """Everything follows from the tick's report. Board first: a frontend that sees a
+        request's output also sees the capacity and counts of the tick that produced it."""
+        self._publish_board(report)
+        self._publish(report.updates)
+        self.meter.after_pass(report)  # gauges too, when idle
+        if self.spans is not None:
+            for timeline in report.ended():
+                self.spans.record(timeline)
 
     def _fail(self, exc: Exception) -> NoReturn:
         """The engine itself is broken (the model or context, or an invariant of its state):
@@ -226,7 +238,6 @@ class EngineProcess:
                 self._dropped.warning("dropped malformed submit", error=fault)
             else:
                 self.core.submit(message)
-                self.meter.submitted(message)
         elif isinstance(message, Cancel):
             self.core.cancel(message.request_id, message.reason)
         elif isinstance(message, Hello):
@@ -259,9 +270,11 @@ class EngineProcess:
         )
         self.outbox.send_multipart([topic(hello.frontend_id), encode(ack)])
 
-    def _publish(self, outputs: list[TickOutput]) -> None:
-        for out in outputs:
-            self.outbox.send_multipart([topic(out.frontend_id), encode(out)])
+    def _publish(self, updates: dict[str, list[RequestUpdate]]) -> None:
+        """One ``TickOutput`` per frontend with updates this tick."""
+        for frontend_id, of_frontend in updates.items():
+            out = TickOutput(frontend_id, of_frontend)
+            self.outbox.send_multipart([topic(frontend_id), encode(out)])
 
     # -- housekeeping ------------------------------------------------------------------------
 
@@ -291,19 +304,19 @@ class EngineProcess:
                     "frontend gone", extra=fields(frontend=frontend_id, cancelled=cancelled)
                 )
 
-    def _publish_board(self, state: int) -> None:
-        core = self.core
+    def _publish_board(self, report: TickReport) -> None:
+        load = report.load
         self.board.publish(
-            state=state,
+            state=STATE_DRAINING if self.core.draining else STATE_READY,
             slots_total=self.config.slots,
-            running=len(core.running),
-            waiting=len(core.policy),
-            blocks_total=core.blocks.total,
-            blocks_used=core.blocks.used,
-            blocks_cached=core.blocks.cached,
+            running=load.running,
+            waiting=load.waiting,
+            blocks_total=load.blocks_total,
+            blocks_used=load.blocks_used,
+            blocks_cached=load.blocks_cached,
             max_queue=self.config.max_queue,
-            drain_rate=core.drain_rate(),
-            ticks=core.tick,
+            drain_rate=load.drain_rate,
+            ticks=load.tick,
         )
 
 

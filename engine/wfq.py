@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from tinyserve.engine.report import RULE_TENANT
 from tinyserve.engine.sequence import Sequence, Status
 
 
@@ -32,6 +33,7 @@ class _Tenant:
 
 class WfqPolicy:
     name = "wfq"
+    rule_kind = RULE_TENANT
 
     def __init__(self, weights: dict[str, float] | None = None, default_weight: float = 1.0):
         self._weights = dict(weights or {})

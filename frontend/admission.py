@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tinyserve import protocol
+from tinyserve import capacity, protocol
 
 RETRY_MIN_S = 1
 RETRY_MAX_S = 60
@@ -62,11 +62,6 @@ class Rejection:
     retry_after: int | None = None
 
 
-def blocks_needed(tokens: int, block_size: int) -> int:
-    """KV blocks a request holds in the worst case (prompt plus every token it may generate)."""
-    return math.ceil(tokens / block_size)
-
-
 def retry_after_s(requests_ahead: int, drain_rate: float) -> int:
     """Seconds until ``requests_ahead`` requests have left at the recent ``drain_rate``."""
     rate = drain_rate if drain_rate > 0 else PRIOR_DRAIN_RATE
@@ -79,8 +74,9 @@ def retry_after_s(requests_ahead: int, drain_rate: float) -> int:
 
 def admit(prompt_tokens: int, max_tokens: int, limits: Limits, load: Load) -> Rejection | None:
     """``None`` when the request may be sent to the engine, else why not."""
-    need = blocks_needed(prompt_tokens + max_tokens, limits.block_size)
-    if need > limits.blocks_total:
+    tokens = prompt_tokens + max_tokens
+    need = capacity.blocks_needed(tokens, limits.block_size)
+    if not capacity.fits_blocks(tokens, limits.block_size, limits.blocks_total):
         return Rejection(
             400,
             protocol.REJECT_TOO_LONG,
@@ -90,8 +86,9 @@ def admit(prompt_tokens: int, max_tokens: int, limits: Limits, load: Load) -> Re
         return _draining(load)
     # Requests that will find a free slot at the engine's next tick do not wait in its queue.
     free_slots = max(limits.slots - load.running, 0)
-    queued = max(load.waiting + load.pending_requests - free_slots, 0)
-    if queued >= limits.max_queue:
+    waiting = load.waiting + load.pending_requests
+    if capacity.queue_full(waiting, free_slots, limits.max_queue):
+        queued = capacity.queued(waiting, free_slots)
         ahead = queued - limits.max_queue + 1
         return Rejection(
             503,

@@ -12,7 +12,7 @@ import logging
 
 from aiohttp import web
 
-from tinyserve import protocol
+from tinyserve import capacity, protocol
 from tinyserve.frontend import admission
 from tinyserve.frontend.api_errors import ApiError
 from tinyserve.frontend.backpressure import ClientStalled, drop_connection
@@ -84,7 +84,7 @@ def _admit(request: web.Request, prompt_tokens: int, max_tokens: int, obs: Obser
     if limits is None or load is None:
         raise engine_unavailable()
     rejection = admission.admit(prompt_tokens, max_tokens, limits, load)
-    blocks = admission.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
+    blocks = capacity.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
     obs.admitted(limits, load, blocks, rejection)
     if rejection is not None:
         count_rejection(request.app[METRICS], rejection.reason)

@@ -45,7 +45,6 @@ class Piece:
 
     text: str
     tokens: int = 0
-    events: list[protocol.Event] = field(default_factory=list)
     finish: Finish | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[list[Any]] = field(default_factory=list)
@@ -95,7 +94,7 @@ class RequestStream:
             self.first_token_ns = time.monotonic_ns()
         self.generated += len(update.token_ids)
         # Accepted and finished may arrive in one update (a short request): accepted first.
-        if update.token_ids or update.text or _has_event(update, protocol.EVENT_ACCEPTED):
+        if update.token_ids or update.text or update.accepted:
             self.accepted = True
         if update.finish_reason is not None:
             self.engine_finished = self._closed = True
@@ -176,7 +175,6 @@ class _Merged:
         self.updates = 0
         self.text = bytearray()
         self.token_ids: list[int] = []
-        self.events: list[protocol.Event] = []
         self.logprobs: list[list[Any]] = []
         self.last: protocol.RequestUpdate | None = None
 
@@ -184,7 +182,6 @@ class _Merged:
         self.updates += 1
         self.text += update.text
         self.token_ids += update.token_ids
-        self.events += update.events
         self.logprobs += update.logprobs
         self.last = update
 
@@ -192,11 +189,7 @@ class _Merged:
         assert self.last is not None
         finish = _finish_of(self.last) if self.last.finish_reason is not None else None
         text = decoder.decode(bytes(self.text))
-        return Piece(text, len(self.token_ids), self.events, finish, self.token_ids, self.logprobs)
-
-
-def _has_event(update: protocol.RequestUpdate, kind: str) -> bool:
-    return any(event.kind == kind for event in update.events)
+        return Piece(text, len(self.token_ids), finish, self.token_ids, self.logprobs)
 
 
 def _finish_of(update: protocol.RequestUpdate) -> Finish:

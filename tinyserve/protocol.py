@@ -20,7 +20,7 @@ from typing import Any, ClassVar, TypeVar
 
 import msgpack
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: no TickOutput.stats, Submit.want_timeline or events (accepted)
 
 # Ways a request can end; the same strings appear in replies and metrics.
 FINISH_STOP = "stop"
@@ -37,13 +37,6 @@ REJECT_QUEUE_FULL = "queue_full"
 REJECT_KV_CACHE_FULL = "kv_cache_full"
 REJECT_DRAINING = "draining"
 REJECT_TOO_LONG = "context_exceeded"  # can never fit, even in an empty engine: a 400
-
-# Lifecycle events carried in RequestUpdate.events.
-EVENT_ACCEPTED = "accepted"
-EVENT_SLOT = "slot_granted"
-EVENT_PREFIX_HIT = "prefix_hit"
-EVENT_PREFILL = "prefill_chunk"
-EVENT_FINISHED = "finished"
 
 # Engine states, shared with the board.
 STATE_STARTING = 0
@@ -208,7 +201,6 @@ class Submit(Message):
     tenant: str = "default"
     arrival_ns: int = 0  # time.monotonic_ns() at the frontend (CLOCK_MONOTONIC is host-wide)
     trace_context: dict[str, str] = field(default_factory=dict)
-    want_timeline: bool = False
     # The frontend's admission decision and the board figures it was based on (timeline).
     admission: dict[str, Any] = field(default_factory=dict)
 
@@ -255,31 +247,22 @@ class HelloAck(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class Event(Message):
-    """A lifecycle step of one request, stamped with the engine tick it happened in."""
-
-    kind: str
-    tick: int
-    value: int = 0
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
 class RequestUpdate(Message):
     """What happened to one request during one tick.
 
     ``seq`` counts this request's updates from 0 so a frontend can detect a dropped message.
     ``text`` is raw UTF-8 bytes that are safe to show (stop strings already cut, bytes that
     could still turn out to start a stop string held back); the frontend decodes it
-    incrementally since a character may be split across updates.
+    incrementally since a character may be split across updates. ``accepted`` is set on the
+    update of the tick the engine accepted the request (the only lifecycle step a frontend
+    acts on; the rest is in the final update's ``timeline``).
     """
 
-    NESTED: ClassVar[dict[str, Any]] = {"events": [Event]}
     request_id: str
     seq: int
     token_ids: list[int] = field(default_factory=list)
     text: bytes = b""
-    events: list[Event] = field(default_factory=list)
+    accepted: bool = False
     finish_reason: str | None = None
     detail: str = ""  # error message or rejection reason
     prompt_tokens: int = 0
@@ -291,28 +274,13 @@ class RequestUpdate(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class EngineStats(Message):
-    """Engine-wide figures as of the end of a tick."""
-
-    tick: int
-    batch_requests: int
-    batch_tokens: int
-    decode_s: float
-    waiting: int
-    running: int
-    blocks_total: int
-    blocks_used: int
-
-
-@dataclass(frozen=True, slots=True)
 class TickOutput(Message):
     """All updates for one frontend's requests from one engine tick."""
 
     TAG: ClassVar[int] = 12
-    NESTED: ClassVar[dict[str, Any]] = {"updates": [RequestUpdate], "stats": EngineStats}
+    NESTED: ClassVar[dict[str, Any]] = {"updates": [RequestUpdate]}
     frontend_id: str
     updates: list[RequestUpdate]
-    stats: EngineStats
 
 
 @dataclass(frozen=True, slots=True)

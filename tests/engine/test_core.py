@@ -10,6 +10,7 @@ import pytest
 
 from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
+from tinyserve.engine.report import Batch, Finish, Grant
 from tinyserve.engine.runtime import LlamaRuntime
 
 from .conftest import core_config
@@ -23,7 +24,9 @@ class Driver:
     def __init__(self, core: EngineCore) -> None:
         self.core = core
         self.updates: dict[str, list[p.RequestUpdate]] = defaultdict(list)
-        self.stats: list[p.EngineStats] = []
+        self.batches: list[Batch] = []
+        self.grants: list[Grant] = []
+        self.finishes: dict[str, Finish] = {}  # by request id
         self._n = 0
 
     def submit(self, prompt_ids: list[int], max_tokens: int = 8, **sampling: object) -> str:
@@ -42,9 +45,14 @@ class Driver:
         return rid
 
     def step(self) -> None:
-        for out in self.core.step():
-            self.stats.append(out.stats)
-            for update in out.updates:
+        report = self.core.step()
+        if report.batch is not None:
+            self.batches.append(report.batch)
+        self.grants += report.grants
+        for finish in report.finishes:
+            self.finishes[finish.timeline.request.request_id] = finish
+        for updates in report.updates.values():
+            for update in updates:
                 self.updates[update.request_id].append(update)
 
     def run(self, max_ticks: int = 500) -> None:
@@ -86,16 +94,16 @@ def test_concurrent_requests_share_batches(driver: Driver) -> None:
     rids = [driver.submit(PROMPT[i:], max_tokens=10) for i in range(4)]
     driver.run()
     assert all(driver.final(r).finish_reason == p.FINISH_LENGTH for r in rids)
-    assert max(s.batch_requests for s in driver.stats) == 4
+    assert max(b.requests for b in driver.batches) == 4
     assert driver.core.blocks.used == 0 and not driver.core.running
 
 
 def test_prefill_is_chunked_within_the_token_budget(driver: Driver) -> None:
     rid = driver.submit(list(range(200, 300)), max_tokens=2)  # 100 tokens, chunk 32
     driver.run()
-    chunks = [e.value for u in driver.updates[rid] for e in u.events if e.kind == p.EVENT_PREFILL]
+    chunks = [chunk.tokens for chunk in driver.finishes[rid].timeline.chunks]
     assert chunks == [32, 32, 32, 4]
-    assert max(s.batch_tokens for s in driver.stats) <= 64
+    assert max(b.tokens for b in driver.batches) <= 64
 
 
 def test_greedy_result_does_not_depend_on_batch_company(runtime: LlamaRuntime) -> None:
@@ -183,7 +191,7 @@ def test_kv_cache_full_rejects_what_does_not_fit_now(driver: Driver) -> None:
     big = driver.submit(list(range(1, 200)), max_tokens=total - 200 - 16)
     late = driver.submit(list(range(1, 30)), max_tokens=8)
     driver.step()
-    assert driver.updates[big][0].events[0].kind == p.EVENT_ACCEPTED
+    assert driver.updates[big][0].accepted
     assert (driver.final(late).detail) == p.REJECT_KV_CACHE_FULL
     driver.core.cancel(big)
     driver.step()

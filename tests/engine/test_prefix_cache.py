@@ -94,9 +94,7 @@ def test_shared_prefix_hands_over_the_same_prediction(
     final = d.final(rid)
     shared = next(i for i, (a, b) in enumerate(zip(earlier, question, strict=False)) if a != b)
     assert final.cached_tokens == shared // 16 * 16 > 0  # every full block of the shared part
-    assert [e.value for u in d.updates[rid] for e in u.events if e.kind == p.EVENT_PREFIX_HIT] == [
-        final.cached_tokens
-    ]
+    assert d.finishes[rid].timeline.prefix_tokens == final.cached_tokens
     assert same_prediction(reference, first_logprobs(d, rid))
 
 

@@ -253,8 +253,8 @@ class CachedEngine:
         return request.request_id
 
     def tick(self) -> None:
-        for out in self.core.step():
-            for update in out.updates:
+        for updates in self.core.step().updates.values():
+            for update in updates:
                 self.outputs[update.request_id] += update.token_ids
                 if update.finish_reason is not None:
                     self._finished(update)

@@ -103,8 +103,8 @@ def test_priority_rule_is_in_the_slot_event_and_the_timeline(runtime: LlamaRunti
     assert timeline(driver, high)["queue"]["ahead"] == 0
     assert timeline(driver, low)["queue"]["rule"] == "priority=-2"
     assert timeline(driver, low)["queue"]["ahead"] == 1  # "high" went first
-    slot_events = [e for u in driver.updates[high] for e in u.events if e.kind == p.EVENT_SLOT]
-    assert [e.detail for e in slot_events] == ["priority=5"]
+    grants = [(g.rule, g.priority) for g in driver.grants if g.request_id == high]
+    assert grants == [("priority", 5)]
 
 
 def test_wfq_rule_names_the_tenant_and_its_virtual_time(runtime: LlamaRuntime) -> None:
@@ -113,8 +113,8 @@ def test_wfq_rule_names_the_tenant_and_its_virtual_time(runtime: LlamaRuntime) -
     driver.run()
     rule = timeline(driver, rid)["queue"]["rule"]
     assert rule.startswith("tenant=team-a vtime=") and rule.endswith("weight=1")
-    slot_event = next(e for u in driver.updates[rid] for e in u.events if e.kind == p.EVENT_SLOT)
-    assert slot_event.detail == "tenant=team-a"  # the bounded first word only
+    grant = next(g for g in driver.grants if g.request_id == rid)
+    assert (grant.rule, grant.tenant) == ("tenant", "team-a")
 
 
 def test_prefix_reuse_and_rejection_are_recorded(runtime: LlamaRuntime) -> None:

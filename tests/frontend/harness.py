@@ -35,8 +35,8 @@ MAX_QUEUE = 4
 
 
 def accepted(**fields: Any) -> dict[str, Any]:
-    """An update carrying the ``accepted`` event."""
-    return {"events": [protocol.Event(protocol.EVENT_ACCEPTED, tick=0)], **fields}
+    """An update of the tick the engine accepted the request."""
+    return {"accepted": True, **fields}
 
 
 def with_logprobs(submit: protocol.Submit) -> list[Tick]:
@@ -160,10 +160,7 @@ class FakeEngine:
                 seq = fields.pop("seq", seq)
                 updates.append(protocol.RequestUpdate(submit.request_id, seq, **fields))
                 seq += 1
-            stats = protocol.EngineStats(0, len(updates), 1, 0.0, 0, 1, BLOCKS_TOTAL, 0)
-            await self._send(
-                submit.frontend_id, protocol.TickOutput(submit.frontend_id, updates, stats)
-            )
+            await self._send(submit.frontend_id, protocol.TickOutput(submit.frontend_id, updates))
             await asyncio.sleep(self.tick_s)
 
     async def _send(self, frontend_id: str, message: protocol.Message) -> None:

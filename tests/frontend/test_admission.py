@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tinyserve import protocol
+from tinyserve.capacity import blocks_needed
 from tinyserve.frontend.admission import (
     PRIOR_DRAIN_RATE,
     RETRY_MAX_S,
@@ -14,7 +15,6 @@ from tinyserve.frontend.admission import (
     Limits,
     Load,
     admit,
-    blocks_needed,
     engine_rejection,
     retry_after_s,
 )
@@ -26,12 +26,6 @@ def load(**changes: float) -> Load:
     base = {"blocks_used": 0, "waiting": 0, "running": 0, "drain_rate": 2.0}
     base.update(changes)
     return Load(**base)  # type: ignore[arg-type]
-
-
-def test_blocks_needed_rounds_up() -> None:
-    assert blocks_needed(1, 16) == 1
-    assert blocks_needed(16, 16) == 1
-    assert blocks_needed(17, 16) == 2
 
 
 def test_admits_when_there_is_room() -> None:

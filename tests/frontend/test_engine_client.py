@@ -7,11 +7,9 @@ from tinyserve.config import Config
 from tinyserve.frontend.engine_client import EngineClient
 from tinyserve.frontend.streams import RequestStream
 
-STATS = protocol.EngineStats(1, 1, 1, 0.01, 0, 1, 64, 2)
-
 
 def tick(client: EngineClient, *updates: protocol.RequestUpdate) -> None:
-    client._dispatch(protocol.TickOutput(client.frontend_id, list(updates), STATS))
+    client._dispatch(protocol.TickOutput(client.frontend_id, list(updates)))
 
 
 def sent(client: EngineClient, request_id: str) -> None:
@@ -27,11 +25,10 @@ async def test_acceptance_reports_the_pending_change_once_per_tick(config: Confi
         for rid in ("a", "b"):
             sent(client, rid)
         assert client.pending() == (6, 2)
-        accepted = [protocol.Event(protocol.EVENT_ACCEPTED, 1)]
         tick(
             client,
-            protocol.RequestUpdate("a", 0, events=accepted),
-            protocol.RequestUpdate("b", 0, events=accepted),
+            protocol.RequestUpdate("a", 0, accepted=True),
+            protocol.RequestUpdate("b", 0, accepted=True),
         )
         assert calls == [(0, 0)]  # both settled, one publish
         tick(client, protocol.RequestUpdate("a", 1, token_ids=[5], text=b"x"))

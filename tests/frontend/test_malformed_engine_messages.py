@@ -21,9 +21,7 @@ async def test_junk_from_the_engine_side_is_dropped(
     served: Client, engine: FakeEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
     topic = protocol.topic(served.app[CLIENT].frontend_id)
-    good = protocol.TickOutput(
-        served.app[CLIENT].frontend_id, [], protocol.EngineStats(0, 0, 0, 0.0, 0, 0, 1, 0)
-    )
+    good = protocol.TickOutput(served.app[CLIENT].frontend_id, [])
     junk = [
         [topic, b"\xc1"],
         [topic, b"\x81\x80\x00"],

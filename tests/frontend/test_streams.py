@@ -9,8 +9,6 @@ import pytest
 from tinyserve import protocol
 from tinyserve.frontend.streams import Finish, Piece, RequestStream
 
-ACCEPTED = protocol.Event(protocol.EVENT_ACCEPTED, tick=1)
-
 
 def update(seq: int, text: bytes = b"", **kwargs: object) -> protocol.RequestUpdate:
     tokens = kwargs.pop("token_ids", [seq] if text else [])
@@ -28,7 +26,7 @@ def joined(pieces: list[Piece]) -> str:
 async def test_accepted_then_tokens_then_finish() -> None:
     stream = RequestStream("r1", blocks=3)
     assert stream.pending
-    stream.deliver(update(0, events=[ACCEPTED]))
+    stream.deliver(update(0, accepted=True))
     assert await stream.acknowledged() is None
     assert not stream.pending and stream.accepted
     stream.deliver(update(1, b"Hel"))
@@ -39,7 +37,7 @@ async def test_accepted_then_tokens_then_finish() -> None:
     finish = pieces[-1].finish
     assert finish == Finish(protocol.FINISH_STOP, prompt_tokens=5)
     # Delivered before anyone read: merged into one piece.
-    assert len(pieces) == 1 and pieces[0].events == [ACCEPTED] and pieces[0].token_ids == [1, 2]
+    assert len(pieces) == 1 and pieces[0].token_ids == [1, 2]
     assert stream.engine_finished
 
 
@@ -56,7 +54,7 @@ async def test_rejection_is_an_early_finish() -> None:
 
 async def test_accepted_and_finished_in_one_update_is_not_early() -> None:
     stream = RequestStream("r1", blocks=1)
-    stream.deliver(update(0, b"x", events=[ACCEPTED], finish_reason=protocol.FINISH_LENGTH))
+    stream.deliver(update(0, b"x", accepted=True, finish_reason=protocol.FINISH_LENGTH))
     assert await stream.acknowledged() is None
     pieces = await drain(stream)
     assert joined(pieces) == "x"
@@ -65,7 +63,7 @@ async def test_accepted_and_finished_in_one_update_is_not_early() -> None:
 
 async def test_gap_ends_the_stream_with_an_error() -> None:
     stream = RequestStream("r1", blocks=1)
-    stream.deliver(update(0, events=[ACCEPTED]))
+    stream.deliver(update(0, accepted=True))
     stream.deliver(update(1, b"a"))
     stream.deliver(update(3, b"c"))  # 2 went missing
     stream.deliver(update(4, b"d", finish_reason=protocol.FINISH_STOP))  # ignored afterwards
@@ -80,14 +78,14 @@ async def test_gap_ends_the_stream_with_an_error() -> None:
 
 async def test_gap_before_acceptance_is_early() -> None:
     stream = RequestStream("r1", blocks=1)
-    stream.deliver(update(1, events=[ACCEPTED]))
+    stream.deliver(update(1, accepted=True))
     early = await asyncio.wait_for(stream.acknowledged(), timeout=1)
     assert early is not None and early.reason == protocol.FINISH_ERROR
 
 
 async def test_fail_marks_engine_down_once() -> None:
     stream = RequestStream("r1", blocks=1)
-    stream.deliver(update(0, events=[ACCEPTED]))
+    stream.deliver(update(0, accepted=True))
     stream.fail("engine unavailable: heartbeat", engine_down=True)
     stream.fail("again", engine_down=True)
     stream.deliver(update(1, b"late"))
@@ -110,7 +108,7 @@ async def test_fail_wakes_a_waiter_for_acceptance() -> None:
 @pytest.mark.parametrize("text", ["é", "€", "😀", "a😀b€c"])
 async def test_character_split_byte_by_byte_comes_out_whole(text: str) -> None:
     stream = RequestStream("r1", blocks=1)
-    stream.deliver(update(0, events=[ACCEPTED]))
+    stream.deliver(update(0, accepted=True))
     data = text.encode()
     for i, byte in enumerate(data):
         last = i == len(data) - 1
@@ -126,21 +124,21 @@ async def test_character_split_byte_by_byte_comes_out_whole(text: str) -> None:
 
 async def test_incomplete_tail_is_dropped_not_replaced() -> None:
     stream = RequestStream("r1", blocks=1)
-    stream.deliver(update(0, b"ok" + "😀".encode()[:2], events=[ACCEPTED]))
+    stream.deliver(update(0, b"ok" + "😀".encode()[:2], accepted=True))
     stream.deliver(update(1, finish_reason=protocol.FINISH_LENGTH))
     assert joined(await drain(stream)) == "ok"
 
 
 async def test_final_update_text_is_decoded() -> None:
     stream = RequestStream("r1", blocks=1)
-    stream.deliver(update(0, b"caf", events=[ACCEPTED]))
+    stream.deliver(update(0, b"caf", accepted=True))
     stream.deliver(update(1, "é!".encode(), finish_reason=protocol.FINISH_STOP))
     assert joined(await drain(stream)) == "café!"
 
 
 async def test_invalid_utf8_becomes_replacement_character() -> None:
     stream = RequestStream("r1", blocks=1)
-    stream.deliver(update(0, b"a\xffb", events=[ACCEPTED], finish_reason=protocol.FINISH_STOP))
+    stream.deliver(update(0, b"a\xffb", accepted=True, finish_reason=protocol.FINISH_STOP))
     assert joined(await drain(stream)) == "a\ufffdb"
 
 
@@ -152,9 +150,10 @@ async def test_tokens_without_accepted_event_count_as_accepted() -> None:
 
 async def test_a_reader_keeping_up_gets_one_piece_per_update() -> None:
     stream = RequestStream("r1", blocks=1)
-    stream.deliver(update(0, events=[ACCEPTED]))
+    stream.deliver(update(0, accepted=True))
     pieces = stream.pieces()
-    assert (await anext(pieces)).events == [ACCEPTED]
+    first = await anext(pieces)
+    assert (first.text, first.tokens, first.finish) == ("", 0, None)
     stream.deliver(update(1, b"a"))
     assert (await anext(pieces)).text == "a"
     stream.deliver(update(2, b"b", finish_reason=protocol.FINISH_STOP))
@@ -165,7 +164,7 @@ async def test_a_reader_keeping_up_gets_one_piece_per_update() -> None:
 
 async def test_a_slow_reader_gets_merged_pieces_and_the_queue_stays_bounded() -> None:
     stream = RequestStream("r1", blocks=1)
-    stream.deliver(update(0, events=[ACCEPTED]))
+    stream.deliver(update(0, accepted=True))
     logprob = [-0.5, [[7, -0.5]]]
     for seq in range(1, 10_001):
         stream.deliver(update(seq, b"x", token_ids=[seq], logprobs=[logprob]))

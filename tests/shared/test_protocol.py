@@ -24,7 +24,6 @@ SAMPLES: list[p.Message] = [
         tenant="team-a",
         arrival_ns=99,
         trace_context={"traceparent": "00-x"},
-        want_timeline=True,
     ),
     p.Cancel("r1", "f" * 32, p.FINISH_CANCELLED),
     p.TimelineQuery("f" * 32, 7, "r1"),
@@ -34,10 +33,9 @@ SAMPLES: list[p.Message] = [
     p.TickOutput(
         "f" * 32,
         [
-            p.RequestUpdate("r1", 0, [5, 6], b"\xc3", [p.Event(p.EVENT_ACCEPTED, 3, 2)]),
+            p.RequestUpdate("r1", 0, [5, 6], b"\xc3", accepted=True),
             p.RequestUpdate("r2", 4, finish_reason=p.FINISH_LENGTH, prompt_tokens=9),
         ],
-        p.EngineStats(10, 2, 3, 0.05, 1, 2, 256, 12),
     ),
 ]
 
@@ -58,6 +56,21 @@ def test_a_frame_without_trailing_defaulted_fields_still_decodes() -> None:
     short = [p.PROTOCOL_VERSION, p.Submit.TAG, *submit.to_wire()[:3]]
     with pytest.raises(p.ProtocolError):
         p.decode(msgpack.packb(short, use_bin_type=True))
+
+
+def test_version_2_carries_only_what_a_receiver_reads() -> None:
+    # v2 dropped TickOutput.stats, Submit.want_timeline and the lifecycle events (a frontend
+    # acts only on acceptance; the rest is in the final update's timeline).
+    def names(cls: type[p.Message]) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    assert p.PROTOCOL_VERSION == 2
+    assert names(p.TickOutput) == ["frontend_id", "updates"]
+    assert "want_timeline" not in names(p.Submit)
+    assert "events" not in names(p.RequestUpdate) and "accepted" in names(p.RequestUpdate)
+    v1 = msgpack.packb([1, p.TickOutput.TAG, "f" * 32, [], [0, 0, 0, 0.0, 0, 0, 1, 0]])
+    with pytest.raises(p.ProtocolError, match="version"):
+        p.decode(v1)
 
 
 def test_wrong_version_is_rejected() -> None:

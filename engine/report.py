@@ -1,0 +1,106 @@
+"""What one tick did, as plain values: the one report ``EngineCore.step`` returns.
+
+``proc.py`` derives everything from it: the wire messages, the board, the metrics and the
+spans. The core itself calls no transport, tracing or metrics code.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from tinyserve.engine.prefix_cache import CacheStats
+from tinyserve.engine.timeline import Timeline
+from tinyserve.protocol import RequestUpdate
+
+# How a policy chose the request that got a slot (``Grant.rule``).
+RULE_ARRIVAL = "arrival"  # fifo: the oldest waiting request
+RULE_PRIORITY = "priority"  # priority: the highest priority waiting
+RULE_TENANT = "tenant"  # wfq: the backlogged tenant with the smallest virtual time
+
+
+class Cause(enum.Enum):
+    """Who ended a request that did not run to its own end (``Finish.cause``)."""
+
+    NONE = "none"  # it ended by itself: stop, length, or an error
+    CLIENT = "client"  # its frontend sent a Cancel (client gone, stalled, drain)
+    FRONTEND_GONE = "frontend_gone"  # its frontend's process died
+    REQUEST_TIMEOUT = "request_timeout"  # --request-timeout
+    QUEUE_TIMEOUT = "queue_timeout"  # --queue-timeout
+    ENGINE = "engine"  # the engine stopped (drain timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A waiting request got a slot: why (the policy's rule, as fields) and after how long."""
+
+    request_id: str
+    rule: str  # one of the RULE_* kinds
+    tenant: str
+    priority: int
+    wait_s: float  # the timeline's wait: acceptance to slot grant
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """A request that had been accepted ended this tick."""
+
+    reason: str  # FINISH_*
+    cause: Cause
+    prompt_tokens: int
+    cached_tokens: int
+    timeline: Timeline
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A request turned away at acceptance (``reason`` is a REJECT_*)."""
+
+    reason: str
+    timeline: Timeline
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """The batch the tick decoded."""
+
+    requests: int
+    tokens: int
+    prefill_tokens: int
+    decode_tokens: int
+    decode_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """The engine's load at the end of the tick, taken once for the board and the gauges."""
+
+    tick: int
+    waiting: int
+    running: int
+    blocks_total: int
+    blocks_used: int
+    blocks_cached: int
+    drain_rate: float  # requests finished per second, recently
+
+
+@dataclass(slots=True)
+class TickReport:
+    """Everything one tick (or one idle pass) produced.
+
+    ``updates`` are the wire updates per frontend id; ``generated`` counts the tokens they
+    carry; ``cache`` is the prefix cache's running totals (None when it is off).
+    """
+
+    load: Load
+    updates: dict[str, list[RequestUpdate]] = field(default_factory=dict)
+    grants: list[Grant] = field(default_factory=list)
+    finishes: list[Finish] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+    batch: Batch | None = None
+    generated: int = 0
+    cache: CacheStats | None = None
+
+    def ended(self) -> list[Timeline]:
+        """Timelines of the requests that ended this tick, rejected ones included."""
+        return [f.timeline for f in self.finishes] + [r.timeline for r in self.rejections]
