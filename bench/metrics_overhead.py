@@ -3,7 +3,8 @@
 In one process, against a fresh metrics directory (multiprocess mode, as in a node):
 - an idle engine pass (gauges only) and a busy one (a tick of 8 requests, one token each,
   with a slot grant and a finish), through ``EngineMeter.after_pass`` on a ``TickReport``;
-- one output piece of a request through ``RequestMeter.piece`` (a histogram observation);
+- one output piece of a request into its ``RequestRecord`` and through ``RequestMeter.took``
+  (a histogram observation);
 - ``render()`` of the merged metrics, the work of one ``GET /metrics``.
 
     .venv/bin/python bench/metrics_overhead.py [--passes 20000]
@@ -21,7 +22,9 @@ from tinyserve.engine.meters import EngineMeter
 from tinyserve.engine.prefix_cache import CacheStats
 from tinyserve.engine.report import RULE_ARRIVAL, Batch, Cause, Finish, Grant, Load, TickReport
 from tinyserve.engine.timeline import Timeline
+from tinyserve.frontend.generation import Generation
 from tinyserve.frontend.meters import RequestMeter
+from tinyserve.frontend.record import RequestRecord
 from tinyserve.frontend.streams import Piece
 
 
@@ -76,9 +79,15 @@ def main() -> None:
             meter.after_pass(report)
 
         busy_us = per_call_us(busy, n)
-        request = RequestMeter(m)
+        record = RequestRecord("/generate", Generation("x", 1, protocol.SamplingParams()))
+        request = RequestMeter(m, record)
         piece = Piece("x", tokens=1)
-        piece_us = per_call_us(lambda: request.piece(piece), n)
+
+        def took() -> None:
+            record.take(piece)
+            request.took(piece)
+
+        piece_us = per_call_us(took, n)
         scrape_ms = per_call_us(m.render, 200) / 1000
         size = len(m.render())
     print(f"engine pass, idle (gauges only):        {idle:7.1f} us")

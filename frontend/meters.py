@@ -1,8 +1,8 @@
 """The frontend's Prometheus figures and ``GET /metrics``.
 
-- ``RequestMeter``: one per generation request (the pipeline makes it, ``observe`` tells it how
-  the request ended), fed every piece of output as the reply takes it (first token, gaps
-  between tokens) and the cancels the pipeline sends.
+- ``RequestMeter``: one per generation request, reading its ``RequestRecord`` (first token,
+  gaps between tokens, the cancel the pipeline sent, how it ended); ``observe`` tells it the
+  status sent.
 - ``LinkMeter``: engine up/down as this frontend sees the board heartbeat, its open streams,
   and marking a lost engine's process dead so its gauges stop showing.
 - ``GET /metrics``: every process's metrics of this node, merged (text exposition format).
@@ -11,14 +11,14 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from tinyserve import protocol
 from tinyserve.frontend.api_errors import CLIENT_CLOSED, Handler
-from tinyserve.frontend.streams import Finish, Piece
+from tinyserve.frontend.record import RequestRecord
+from tinyserve.frontend.streams import Piece
 from tinyserve.metrics import CONTENT_TYPE, Metrics
 from tinyserve.procs import pid_alive
 
@@ -30,43 +30,38 @@ CANCEL_ABORT = "frontend_abort"  # the frontend ended it (drain timeout, lost ou
 
 
 class RequestMeter:
-    """Latencies and the outcome of one request; ``end`` records them once."""
+    """Latencies and the outcome of one request, read from its record; ``end`` records them
+    once."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, record: RequestRecord) -> None:
         self._m = metrics
-        self._started_ns = time.monotonic_ns()
-        self._last_ns = 0  # when the latest token was taken; 0 before the first
-        self._tokens = 0
-        self._finish: Finish | None = None
-        self._cancel_reason = ""
+        self.record = record
         self._ended = False
 
-    def piece(self, piece: Piece) -> None:
-        """A piece of output, as the reply takes it to write it out."""
-        now = time.monotonic_ns()
-        if piece.tokens:
-            if self._last_ns == 0:
-                ttft = self._m.histogram("tinyserve_time_to_first_token_seconds")
-                ttft.observe((now - self._started_ns) / 1e9)
-            else:
-                # A slow reader gets several tokens in one piece: share the gap among them.
-                gap = (now - self._last_ns) / 1e9 / piece.tokens
-                itl = self._m.histogram("tinyserve_inter_token_latency_seconds")
-                for _ in range(piece.tokens):
-                    itl.observe(gap)
-            self._last_ns = now
-            self._tokens += piece.tokens
-        if piece.finish is not None:
-            self._finish = piece.finish
+    def took(self, piece: Piece) -> None:
+        """The reply took ``piece`` (already in the record): its first token or token gaps."""
+        rec = self.record
+        if not piece.tokens:
+            return
+        if rec.generated == piece.tokens:
+            ttft = rec.ttft_ns
+            assert ttft is not None
+            self._m.histogram("tinyserve_time_to_first_token_seconds").observe(ttft / 1e9)
+            return
+        # A slow reader gets several tokens in one piece: share the gap among them.
+        gap = rec.token_gap_ns / 1e9 / piece.tokens
+        itl = self._m.histogram("tinyserve_inter_token_latency_seconds")
+        for _ in range(piece.tokens):
+            itl.observe(gap)
 
-    def cancel_sent(self, reason: str) -> None:
-        """The frontend asked the engine to stop this request (finish reason ``reason``)."""
-        self._cancel_reason = reason
+    def cancel_sent(self) -> None:
+        """The frontend asked the engine to stop this request (``record.cancel_reason``)."""
+        reason, finish = self.record.cancel_reason, self.record.replied_finish
         if reason != protocol.FINISH_CANCELLED:
             label = reason  # the frontend's own cause (a client that stopped reading)
-        elif self._finish is None:
+        elif finish is None:
             label = CANCEL_CLIENT
-        elif self._finish.engine_down:
+        elif finish.engine_down:
             return  # nothing to stop: the engine went away
         else:
             label = CANCEL_ABORT
@@ -77,20 +72,19 @@ class RequestMeter:
         if self._ended:
             return
         self._ended = True
-        finish = self._finish
+        rec = self.record
+        finish = rec.replied_finish
         status = str(code if code is not None else CLIENT_CLOSED)
         if finish is None:
-            reason = self._cancel_reason or _reason_without_finish(code)
+            reason = rec.cancel_reason or _reason_without_finish(code)
             self._m.counter("tinyserve_requests_total").labels(reason, status).inc()
             return
         self._m.counter("tinyserve_requests_total").labels(finish.reason, status).inc()
-        now = time.monotonic_ns()
-        self._m.histogram("tinyserve_request_duration_seconds").observe(
-            (now - self._started_ns) / 1e9
-        )
+        duration = rec.ns_since_arrival() / 1e9
+        self._m.histogram("tinyserve_request_duration_seconds").observe(duration)
         if finish.prompt_tokens:  # an end the engine reported (not one made up here)
             self._m.histogram("tinyserve_request_prompt_tokens").observe(finish.prompt_tokens)
-            self._m.histogram("tinyserve_request_generation_tokens").observe(self._tokens)
+            self._m.histogram("tinyserve_request_generation_tokens").observe(rec.generated)
 
 
 def _reason_without_finish(code: int | None) -> str:
@@ -100,9 +94,6 @@ def _reason_without_finish(code: int | None) -> str:
     if code < 500 or code == 503:
         return protocol.FINISH_REJECTED  # bad input, admission, engine rejection, no engine
     return protocol.FINISH_ERROR
-
-
-METER = web.RequestKey("request_meter", RequestMeter)
 
 
 UNMATCHED_ROUTE = "unmatched"  # no route (404) or none for the method (405): a bounded label

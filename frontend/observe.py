@@ -1,4 +1,4 @@
-"""What the frontend records about each request it serves: spans and the finished-request log.
+"""Spans and the finished-request log line of each request, read from its ``RequestRecord``.
 
 ``observe`` wraps the pipeline of one request. It starts the request's server span (a child of
 an incoming ``traceparent``, when there is one), hands out child spans for the pipeline's steps
@@ -13,10 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from aiohttp import web
@@ -25,9 +23,8 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_
 from tinyserve import protocol
 from tinyserve.frontend.admission import Limits, Load, Rejection
 from tinyserve.frontend.api_errors import CLIENT_CLOSED, ApiError
-from tinyserve.frontend.generation import Generation
 from tinyserve.frontend.keys import TRACING
-from tinyserve.frontend.streams import RequestStream
+from tinyserve.frontend.record import RequestRecord
 from tinyserve.logs import fields
 from tinyserve.timeline_records import slot_ms
 from tinyserve.tracing import extract, inject
@@ -48,18 +45,10 @@ FAILED_FINISHES = frozenset(
 
 
 @dataclass
-class Observation:
-    """One request as the frontend saw it; filled in by the pipeline as it goes."""
+class RequestSpan:
+    """The request's server span (None with tracing off) and the child spans of its steps."""
 
-    request_id: str
-    route: str
-    arrival_ns: int
-    span: Span | None = None
-    prompt_tokens: int = 0
-    admission: dict[str, Any] = field(default_factory=dict)
-    stream: RequestStream | None = None
-    status: int = 200
-    error: str | None = None
+    span: Span | None
 
     @property
     def trace_context(self) -> dict[str, str]:
@@ -82,82 +71,82 @@ class Observation:
                 span.set_status(Status(StatusCode.ERROR, exc.reason or exc.type))
                 raise
 
-    def admitted(
-        self, limits: Limits, load: Load, blocks: int, rejection: Rejection | None
-    ) -> None:
-        """Record the admission decision and the board figures it was based on."""
-        self.admission = {
-            "decision": "rejected" if rejection else "admitted",
-            "reason": rejection.reason if rejection else None,
-            "ms": _since(self.arrival_ns),
-            "blocks_needed": blocks,
-            "blocks_total": limits.blocks_total,
-            "max_queue": limits.max_queue,
-            "slots": limits.slots,
-            **asdict(load),
-        }
 
-    def log_fields(self, req: Generation) -> dict[str, Any]:
-        """The ``request finished`` line's fields (``LOG_FIELDS``)."""
-        stream = self.stream
-        finish = stream.finish if stream is not None else None
-        timeline = finish.timeline if finish is not None else None
-        first = stream.first_token_ns if stream is not None else 0
-        return {
-            "request_id": self.request_id,
-            "route": self.route,
-            "tenant": req.tenant,
-            "priority": req.priority,
-            "status": self.status,
-            "finish_reason": finish.reason if finish is not None else None,
-            "error": self.error,
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": finish.cached_tokens if finish is not None else 0,
-            "generated_tokens": stream.generated if stream is not None else 0,
-            "queue_ms": slot_ms(timeline),  # arrival to slot grant, from the engine's timeline
-            "ttft_ms": _since(self.arrival_ns, first) if first else None,
-            "total_ms": _since(self.arrival_ns),
-        }
+def admission_figures(
+    record: RequestRecord, limits: Limits, load: Load, blocks: int, rejection: Rejection | None
+) -> dict[str, Any]:
+    """The admission decision and the board figures it was based on (sent with the request)."""
+    return {
+        "decision": "rejected" if rejection else "admitted",
+        "reason": rejection.reason if rejection else None,
+        "ms": record.ms_since_arrival(),
+        "blocks_needed": blocks,
+        "blocks_total": limits.blocks_total,
+        "max_queue": limits.max_queue,
+        "slots": limits.slots,
+        **asdict(load),
+    }
+
+
+def log_fields(record: RequestRecord) -> dict[str, Any]:
+    """The ``request finished`` line's fields (``LOG_FIELDS``)."""
+    finish = record.finish
+    timeline = finish.timeline if finish is not None else None
+    ttft = record.ttft_ns
+    return {
+        "request_id": record.request_id,
+        "route": record.route,
+        "tenant": record.generation.tenant,
+        "priority": record.generation.priority,
+        "status": record.status,
+        "finish_reason": finish.reason if finish is not None else None,
+        "error": record.error,
+        "prompt_tokens": record.prompt_tokens,
+        "cached_tokens": finish.cached_tokens if finish is not None else 0,
+        "generated_tokens": record.generated,
+        "queue_ms": slot_ms(timeline),  # arrival to slot grant, from the engine's timeline
+        "ttft_ms": round(ttft / 1e6, 3) if ttft is not None else None,
+        "total_ms": record.ms_since_arrival(),
+    }
 
 
 @contextlib.contextmanager
 def observe(
-    request: web.Request, req: Generation, on_end: Callable[[int | None], None]
-) -> Iterator[Observation]:
+    request: web.Request, record: RequestRecord, on_end: Callable[[int | None], None]
+) -> Iterator[RequestSpan]:
     """Span and log line of one request around the pipeline that serves it; ``on_end`` gets
     the HTTP status sent, or None when the client went away first."""
-    route = request.match_info.route.resource
-    obs = Observation(
-        uuid.uuid4().hex,
-        route.canonical if route is not None else request.path,
-        time.monotonic_ns(),
-    )
-    tracer = request.app[TRACING].tracer
-    if tracer is not None:
-        carrier = {h: request.headers[h] for h in _TRACE_HEADERS if h in request.headers}
-        obs.span = tracer.start_span(
-            f"{request.method} {obs.route}",
-            context=extract(carrier),
-            kind=SpanKind.SERVER,
-            attributes={"http.request.method": request.method, "url.path": request.path},
-        )
+    traced = RequestSpan(_start_span(request, record))
     try:
-        yield obs
+        yield traced
     except ApiError as exc:
-        obs.status, obs.error = exc.status, exc.reason or exc.type
+        record.status, record.error = exc.status, exc.reason or exc.type
         raise
     except asyncio.CancelledError:
-        obs.status, obs.error = CLIENT_CLOSED, CLIENT_CLOSED_ERROR
+        record.status, record.error = CLIENT_CLOSED, CLIENT_CLOSED_ERROR
         raise
     except Exception:
-        obs.status, obs.error = 500, "internal_error"
+        record.status, record.error = 500, "internal_error"
         raise
     finally:
-        line = obs.log_fields(req)
+        line = log_fields(record)
         log.info("request finished", extra=fields(**line))
-        if obs.span is not None:
-            _end_span(obs.span, line)
-        on_end(None if obs.error == CLIENT_CLOSED_ERROR else obs.status)
+        if traced.span is not None:
+            _end_span(traced.span, line)
+        on_end(None if record.error == CLIENT_CLOSED_ERROR else record.status)
+
+
+def _start_span(request: web.Request, record: RequestRecord) -> Span | None:
+    tracer = request.app[TRACING].tracer
+    if tracer is None:
+        return None
+    carrier = {h: request.headers[h] for h in _TRACE_HEADERS if h in request.headers}
+    return tracer.start_span(
+        f"{request.method} {record.route}",
+        context=extract(carrier),
+        kind=SpanKind.SERVER,
+        attributes={"http.request.method": request.method, "url.path": request.path},
+    )
 
 
 def _end_span(span: Span, line: dict[str, Any]) -> None:
@@ -170,7 +159,3 @@ def _end_span(span: Span, line: dict[str, Any]) -> None:
     if failed:
         span.set_status(Status(StatusCode.ERROR, line["error"] or line["finish_reason"] or ""))
     span.end()
-
-
-def _since(start_ns: int, end_ns: int = 0) -> float:
-    return round(((end_ns or time.monotonic_ns()) - start_ns) / 1e6, 3)

@@ -9,6 +9,7 @@ an error. ``/generate`` and the OpenAI routes differ only in how they parse and 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -20,8 +21,9 @@ from tinyserve.frontend.engine_client import EngineUnreachable
 from tinyserve.frontend.generation import Generation, check_prompt_fits, check_token_ids
 from tinyserve.frontend.keys import CLIENT, CONFIG, LINK, TOKENIZER
 from tinyserve.frontend.limits import check_prompt_limit
-from tinyserve.frontend.meters import METER, METRICS, RequestMeter, count_rejection
-from tinyserve.frontend.observe import Observation, observe
+from tinyserve.frontend.meters import METRICS, RequestMeter, count_rejection
+from tinyserve.frontend.observe import RequestSpan, admission_figures, observe
+from tinyserve.frontend.record import RequestRecord
 from tinyserve.frontend.replies import (
     Reply,
     ReplyContext,
@@ -29,9 +31,23 @@ from tinyserve.frontend.replies import (
     finish_error,
     rejection_error,
 )
+from tinyserve.frontend.streams import Piece, RequestStream
 from tinyserve.logs import fields
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Watchers:
+    """What reads a request's record as it goes: its spans and its meter."""
+
+    traced: RequestSpan
+    meter: RequestMeter
+
+    def take(self, piece: Piece) -> None:
+        """The reply takes ``piece``: into the record, then the meter reads it."""
+        self.meter.record.take(piece)
+        self.meter.took(piece)
 
 
 async def run(
@@ -40,23 +56,24 @@ async def run(
     reply: Reply,
     prompt_ids: list[int] | None = None,
 ) -> web.StreamResponse:
-    """Serve ``req`` (its prompt tokenized here unless ``prompt_ids`` are given); its span,
-    its ``request finished`` log line and its metrics' outcome come from ``observe``."""
-    meter = request[METER] = RequestMeter(request.app[METRICS])
-    with observe(request, req, meter.end) as obs:
-        response = await _run(request, req, reply, prompt_ids, obs)
-        obs.status = response.status
+    """Serve ``req`` (its prompt tokenized here unless ``prompt_ids`` are given); its record
+    is what its span, its ``request finished`` log line and its metrics read."""
+    record = RequestRecord.of(request, req)
+    meter = RequestMeter(request.app[METRICS], record)
+    with observe(request, record, meter.end) as traced:
+        response = await _run(request, record, reply, prompt_ids, Watchers(traced, meter))
+        record.status = response.status
         return response
 
 
 async def _run(
     request: web.Request,
-    req: Generation,
+    record: RequestRecord,
     reply: Reply,
     prompt_ids: list[int] | None,
-    obs: Observation,
+    watchers: Watchers,
 ) -> web.StreamResponse:
-    app = request.app
+    app, req = request.app, record.generation
     ack = app[LINK].ack
     if ack is None:
         raise engine_unavailable()
@@ -66,26 +83,27 @@ async def _run(
         check_token_ids(prompt_ids, ack.n_vocab)
     check_prompt_limit(len(prompt_ids), app[CONFIG].max_prompt_tokens)
     check_prompt_fits(len(prompt_ids), req.max_tokens, ack.n_ctx)
-    obs.prompt_tokens = len(prompt_ids)
-    with obs.step(request, "admission"):
-        blocks = _admit(request, len(prompt_ids), req.max_tokens, obs)
-    submit = _submit_message(req, prompt_ids, app[CLIENT].frontend_id, obs)
+    record.prompt_tokens = len(prompt_ids)
+    with watchers.traced.step(request, "admission"):
+        blocks = _admit(request, record)
+    submit = _submit_message(record, prompt_ids, app[CLIENT].frontend_id, watchers.traced)
     try:
-        return await _forward(request, req, submit, blocks, reply, obs)
+        return await _forward(request, record, submit, blocks, reply, watchers)
     except ApiError as exc:
-        exc.request_id = submit.request_id
+        exc.request_id = record.request_id
         raise
 
 
-def _admit(request: web.Request, prompt_tokens: int, max_tokens: int, obs: Observation) -> int:
+def _admit(request: web.Request, record: RequestRecord) -> int:
     """Check the board; returns the request's worst-case KV blocks or raises the rejection."""
     link = request.app[LINK]
     limits, load = link.limits, link.load()
     if limits is None or load is None:
         raise engine_unavailable()
+    prompt_tokens, max_tokens = record.prompt_tokens, record.generation.max_tokens
     rejection = admission.admit(prompt_tokens, max_tokens, limits, load)
     blocks = capacity.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
-    obs.admitted(limits, load, blocks, rejection)
+    record.admission = admission_figures(record, limits, load, blocks, rejection)
     if rejection is not None:
         count_rejection(request.app[METRICS], rejection.reason)
         raise rejection_error(rejection)
@@ -93,29 +111,30 @@ def _admit(request: web.Request, prompt_tokens: int, max_tokens: int, obs: Obser
 
 
 def _submit_message(
-    req: Generation, prompt_ids: list[int], frontend_id: str, obs: Observation
+    record: RequestRecord, prompt_ids: list[int], frontend_id: str, traced: RequestSpan
 ) -> protocol.Submit:
+    req = record.generation
     return protocol.Submit(
-        request_id=obs.request_id,
+        request_id=record.request_id,
         frontend_id=frontend_id,
         prompt_ids=prompt_ids,
         sampling=req.sampling,
         max_tokens=req.max_tokens,
         priority=req.priority,
         tenant=req.tenant,
-        arrival_ns=obs.arrival_ns,
-        trace_context=obs.trace_context,
-        admission=obs.admission,
+        arrival_ns=record.arrival_ns,
+        trace_context=traced.trace_context,
+        admission=record.admission,
     )
 
 
 async def _forward(
     request: web.Request,
-    req: Generation,
+    record: RequestRecord,
     submit: protocol.Submit,
     blocks: int,
     reply: Reply,
-    obs: Observation,
+    watchers: Watchers,
 ) -> web.StreamResponse:
     """Send the request, reply from its stream, and make sure it does not outlive the handler."""
     client, link = request.app[CLIENT], request.app[LINK]
@@ -123,30 +142,48 @@ async def _forward(
         stream = client.submit(submit, blocks)
     except EngineUnreachable as exc:
         raise engine_unavailable() from exc
-    obs.stream = stream
     link.publish()
-    stream.on_piece = request[METER].piece  # first token and gaps, as the reply takes them
+    stream.on_piece = watchers.take
     reason = protocol.FINISH_CANCELLED
     try:
-        early = await stream.acknowledged()
-        error = finish_error(early, link.load()) if early is not None else None
-        if error is not None:
-            raise error
-        ctx = ReplyContext(
-            submit.request_id, len(submit.prompt_ids), req.timeline, link.load, req.stream
-        )
-        with obs.step(request, "streaming"):
-            return await reply(request, stream, ctx)
+        return await _reply(request, record, stream, reply, watchers.traced)
     except ClientStalled as stalled:
         reason = protocol.FINISH_CLIENT_STALLED
-        log.warning("client stopped reading", extra=fields(request_id=submit.request_id))
+        log.warning("client stopped reading", extra=fields(request_id=record.request_id))
         return stalled.response
     finally:
         # Client gone (handler cancelled) or a failure of ours: the engine must not keep
         # generating for nobody. cancel() never waits, so this cannot hang a cancelled task.
         if not stream.engine_finished:
-            client.cancel(submit.request_id, reason)
-            request[METER].cancel_sent(reason)
-        client.release(submit.request_id)
+            client.cancel(record.request_id, reason)
+            record.cancel_reason = reason
+            watchers.meter.cancel_sent()
+        client.release(record.request_id)
         if reason == protocol.FINISH_CLIENT_STALLED:
             drop_connection(request)
+
+
+async def _reply(
+    request: web.Request,
+    record: RequestRecord,
+    stream: RequestStream,
+    reply: Reply,
+    traced: RequestSpan,
+) -> web.StreamResponse:
+    """Wait for the engine's first word; an early end is an HTTP error, else the reply runs."""
+    early = await stream.acknowledged()
+    if early is not None:
+        record.finish = early
+        error = finish_error(early, request.app[LINK].load())
+        if error is not None:
+            raise error
+    record.replied = True
+    ctx = ReplyContext(
+        record.request_id,
+        record.prompt_tokens,
+        record.generation.timeline,
+        request.app[LINK].load,
+        record.generation.stream,
+    )
+    with traced.step(request, "streaming"):
+        return await reply(request, stream, ctx)

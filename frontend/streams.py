@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import codecs
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,10 +66,6 @@ class RequestStream:
         self.on_piece: Callable[[Piece], None] | None = None  # sees each piece as it is taken
         self._acknowledged = asyncio.Event()
         self._early_finish: Finish | None = None
-        # For the request's log line and spans: when its first token arrived, how many came.
-        self.first_token_ns = 0
-        self.generated = 0
-        self.finish: Finish | None = None
         # "replace": a token whose bytes are not UTF-8 at all becomes U+FFFD, but a character
         # split across updates is held back until complete and comes out whole.
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -90,17 +85,13 @@ class RequestStream:
             self.fail(detail)
             return
         self._next_seq += 1
-        if update.token_ids and not self.first_token_ns:
-            self.first_token_ns = time.monotonic_ns()
-        self.generated += len(update.token_ids)
         # Accepted and finished may arrive in one update (a short request): accepted first.
         if update.token_ids or update.text or update.accepted:
             self.accepted = True
         if update.finish_reason is not None:
             self.engine_finished = self._closed = True
-            self.finish = _finish_of(update)
             if not self.accepted:
-                self._early_finish = self.finish
+                self._early_finish = _finish_of(update)
         if self._merged is None:
             self._merged = _Merged()
         self._merged.add(update)
@@ -115,7 +106,7 @@ class RequestStream:
         if self._closed:
             return
         self._closed = True
-        finish = self.finish = Finish(protocol.FINISH_ERROR, detail, engine_down=engine_down)
+        finish = Finish(protocol.FINISH_ERROR, detail, engine_down=engine_down)
         if not self.accepted:
             self._early_finish = finish
         self._failure = finish
