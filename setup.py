@@ -23,7 +23,12 @@ setup(
         "tinyserve",
         "tinyserve.engine",
         "tinyserve.frontend",
+        "tinyserve.frontend.http",
+        "tinyserve.frontend.link",
         "tinyserve.frontend.models",
+        "tinyserve.frontend.native",
+        "tinyserve.frontend.openai",
+        "tinyserve.frontend.request",
         "tinyserve_native",
     ],
     package_dir={

@@ -22,10 +22,10 @@ from tinyserve.engine.meters import EngineMeter
 from tinyserve.engine.prefix_cache import CacheStats
 from tinyserve.engine.report import RULE_ARRIVAL, Batch, Cause, Finish, Grant, Load, TickReport
 from tinyserve.engine.timeline import Timeline
-from tinyserve.frontend.generation import Generation
-from tinyserve.frontend.meters import RequestMeter
-from tinyserve.frontend.record import RequestRecord
-from tinyserve.frontend.streams import Piece
+from tinyserve.frontend.request.generation import Generation
+from tinyserve.frontend.request.meters import RequestMeter
+from tinyserve.frontend.request.record import RequestRecord
+from tinyserve.frontend.request.streams import Piece
 
 
 def per_call_us(fn: Callable[[], None], n: int) -> float:

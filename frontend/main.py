@@ -16,9 +16,9 @@ from aiohttp import web
 from tinyserve import metrics
 from tinyserve.config import FRONTEND, Config, notify_socket
 from tinyserve.errors import TinyServeError
-from tinyserve.frontend.app import build_app
-from tinyserve.frontend.drain import drain_app
-from tinyserve.frontend.keys import LINK
+from tinyserve.frontend.http.app import build_app
+from tinyserve.frontend.http.appkeys import LINK
+from tinyserve.frontend.http.drain import drain_app
 from tinyserve.logs import fields, setup_logging
 from tinyserve.ownership import join_node
 from tinyserve.rundir import prepare_runtime_dir

@@ -1,6 +1,6 @@
 """The capacity rule, written once: the engine's acceptance (``engine/core.py``) and the
-frontend's admission (``frontend/admission.py``) both decide with these functions, so the two
-cannot drift apart. Plain integers in, plain answers out."""
+frontend's admission (``frontend/request/admission.py``) both decide with these functions, so
+the two cannot drift apart. Plain integers in, plain answers out."""
 
 from __future__ import annotations
 

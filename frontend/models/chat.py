@@ -13,8 +13,6 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic.config import JsonDict
 
 from tinyserve.config import Config
-from tinyserve.frontend.chat_template import ChatMessage as TemplateMessage
-from tinyserve.frontend.generation import Generation
 from tinyserve.frontend.models.common import (
     IGNORED,
     RULE,
@@ -27,6 +25,8 @@ from tinyserve.frontend.models.common import (
 )
 from tinyserve.frontend.models.fields import OutputLength
 from tinyserve.frontend.models.openai_requests import STREAM_RULE, LogprobCount, OpenAIRequest
+from tinyserve.frontend.openai.chat_template import ChatMessage as TemplateMessage
+from tinyserve.frontend.request.generation import Generation
 
 
 class TextPart(Body):

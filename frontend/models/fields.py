@@ -9,8 +9,8 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
-from tinyserve.frontend.generation import Generation
 from tinyserve.frontend.models.common import INTEGRAL, OUTPUT_LENGTH, Request, Text, expect
+from tinyserve.frontend.request.generation import Generation
 from tinyserve.protocol import SamplingParams
 
 MAX_STOP_STRINGS = 4

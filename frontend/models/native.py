@@ -12,10 +12,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from tinyserve.config import Config
-from tinyserve.frontend.generation import Generation
 from tinyserve.frontend.models.common import Reply, Text, expect, is_none
 from tinyserve.frontend.models.errors import ErrorDetail
 from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, OutputLength, Sampling
+from tinyserve.frontend.request.generation import Generation
 
 
 class GenerateRequest(Sampling):

@@ -17,7 +17,6 @@ from typing import Annotated, Any, Self
 from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
 from tinyserve.config import Config
-from tinyserve.frontend.generation import Generation
 from tinyserve.frontend.models.common import (
     IGNORED,
     INTEGRAL,
@@ -37,6 +36,7 @@ from tinyserve.frontend.models.fields import (
     Sampling,
     Temperature,
 )
+from tinyserve.frontend.request.generation import Generation
 
 MAX_LOGPROBS = 5
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; /generate's is 0 (greedy)

@@ -17,7 +17,7 @@ from aiohttp import hdrs, web
 from pydantic import BaseModel, ValidationError
 
 from tinyserve.config import Config
-from tinyserve.frontend.api_errors import UNSUPPORTED_MEDIA_TYPE, ApiError, invalid
+from tinyserve.frontend.http.api_errors import UNSUPPORTED_MEDIA_TYPE, ApiError, invalid
 from tinyserve.frontend.models.common import CROSS_FIELD, UNSUPPORTED, limited
 
 M = TypeVar("M", bound=BaseModel)

@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from tests.frontend.harness import FakeEngine, wait_serving
 from tinyserve.config import Config, build_config
-from tinyserve.frontend.app import build_app
+from tinyserve.frontend.http.app import build_app
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi import checks as st_checks
 
-from tinyserve.frontend.openapi import OPERATIONS, Operation
+from tinyserve.frontend.http.openapi_document import OPERATIONS, Operation
 from tinyserve_native.board import Board
 
 from .node import Node

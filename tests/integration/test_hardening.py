@@ -19,7 +19,7 @@ import msgpack
 import pytest
 import zmq
 
-from tests.frontend.test_backpressure import open_stream, sse_payloads
+from tests.frontend.http.test_backpressure import open_stream, sse_payloads
 from tests.shared.test_rundir import REFUSALS, unsafe_dir
 from tinyserve import protocol
 from tinyserve_native.board import Board

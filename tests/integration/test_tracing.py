@@ -24,7 +24,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from tests.frontend.harness import wait_serving
 from tinyserve.config import Config, build_config
 from tinyserve.engine.proc import EngineProcess
-from tinyserve.frontend.app import build_app
+from tinyserve.frontend.http.app import build_app
 from tinyserve.rundir import prepare_runtime_dir
 from tinyserve.tracing import Tracing
 

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from tinyserve.config import build_config
-from tinyserve.frontend.api_errors import ApiError
-from tinyserve.frontend.generation import Generation, check_prompt_fits
+from tinyserve.frontend.http.api_errors import ApiError
 from tinyserve.frontend.models.native import GenerateRequest
 from tinyserve.frontend.models.parse import parse_body
+from tinyserve.frontend.request.generation import Generation, check_prompt_fits
 from tinyserve.protocol import SamplingParams
 
 CONFIG = build_config({"max_tokens_limit": 512, "default_max_tokens": 32}, environ={})

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from tinyserve.config import build_config
-from tinyserve.frontend.api_errors import ApiError
-from tinyserve.frontend.chat_template import ChatMessage
-from tinyserve.frontend.generation import Generation
+from tinyserve.frontend.http.api_errors import ApiError
 from tinyserve.frontend.models.chat import ChatCompletionRequest
 from tinyserve.frontend.models.openai_requests import CompletionRequest
 from tinyserve.frontend.models.parse import parse_body
+from tinyserve.frontend.openai.chat_template import ChatMessage
+from tinyserve.frontend.request.generation import Generation
 from tinyserve.protocol import SamplingParams
 
 CONFIG = build_config({"max_tokens_limit": 512, "default_max_tokens": 32}, environ={})

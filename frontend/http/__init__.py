@@ -1,0 +1,1 @@
+"""The HTTP edge: the app, its route table, middlewares (auth, limits, drain, errors), writes."""

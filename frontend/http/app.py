@@ -1,0 +1,113 @@
+"""Building the frontend's aiohttp application from a ``Config``.
+
+Everything with a lifetime (tokenizer thread, ZMQ sockets, listener and engine-link tasks) is
+owned by a ``cleanup_ctx``: started when the app starts, cancelled and awaited when it stops.
+Tests and the launcher can build the same app with ``build_app(config)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from tinyserve import metrics
+from tinyserve.config import Config
+from tinyserve.frontend.http.api_errors import error_middleware
+from tinyserve.frontend.http.appkeys import (
+    CHAT_TEMPLATE,
+    CLIENT,
+    CONFIG,
+    LINK,
+    METRICS,
+    TOKENIZER,
+    TRACING,
+)
+from tinyserve.frontend.http.auth import ApiKeys, auth_middleware
+from tinyserve.frontend.http.drain import DRAIN, Drain, drain_middleware
+from tinyserve.frontend.http.limits import InFlight
+from tinyserve.frontend.http.metrics_route import http_middleware
+from tinyserve.frontend.http.routes import add_routes
+from tinyserve.frontend.link.engine_client import EngineClient
+from tinyserve.frontend.link.engine_link import EngineLink
+from tinyserve.frontend.link.link_meter import LinkMeter
+from tinyserve.frontend.openai.chat_template import ChatTemplate
+from tinyserve.frontend.request.tokenizer import Tokenizer
+from tinyserve.logs import fields
+from tinyserve.rundir import prepare_runtime_dir
+from tinyserve.tracing import Tracing
+
+log = logging.getLogger(__name__)
+
+
+def build_app(config: Config, tracing: Tracing | None = None) -> web.Application:
+    """The frontend app; its engine connection starts when the app starts. Raises
+    ``TinyServeError`` for an unsafe runtime dir or an unreadable key file."""
+    prepare_runtime_dir(config.runtime_dir)
+    keys = ApiKeys.of_config(config)
+    process_metrics = metrics.setup(config.runtime_dir, metrics.FRONTEND)  # one per process
+    # Outermost the response counter (it sees the status actually sent), then the error
+    # middleware, so every refusal below gets the same JSON shape as any error; the key check
+    # before the limits, so requests without a key take no in-flight slot.
+    middlewares: list[Middleware] = [http_middleware(process_metrics), error_middleware]
+    if keys.enabled:
+        middlewares.append(auth_middleware(keys, config))
+    middlewares += [InFlight(config.max_connections).middleware(), drain_middleware]
+    app = web.Application(middlewares=middlewares, client_max_size=config.max_body_bytes)
+    app[CONFIG] = config
+    app[TRACING] = tracing or Tracing()  # the caller owns it (and flushes it at exit)
+    app[DRAIN] = Drain()
+    app[METRICS] = process_metrics
+    app.cleanup_ctx.append(_tokenizer_ctx)
+    app.cleanup_ctx.append(_engine_ctx)
+    app.on_response_prepare.append(_stamp_frontend)
+    add_routes(app)
+    return app
+
+
+async def _stamp_frontend(_request: web.Request, response: web.StreamResponse) -> None:
+    # Which of the frontends sharing the port answered: the first question when debugging.
+    response.headers["X-TinyServe-Frontend"] = str(os.getpid())
+
+
+async def _tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
+    tokenizer = await Tokenizer.load(app[CONFIG])
+    app[TOKENIZER] = tokenizer
+    app[CHAT_TEMPLATE] = ChatTemplate.of_model(tokenizer.facts)
+    yield
+    tokenizer.close()
+
+
+async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
+    client = EngineClient(app[CONFIG])
+    link = EngineLink(app[CONFIG], client, LinkMeter(app[METRICS]))
+    app[CLIENT], app[LINK] = client, link
+    log.info("frontend id", extra=fields(frontend_id=client.frontend_id))
+    tasks = [_task(client.listen(), "engine-listener"), _task(link.run(), "engine-link")]
+    yield
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    client.close()
+
+
+def _task(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    task = asyncio.create_task(coro, name=name)
+    task.add_done_callback(_log_crash)
+    return task
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    # These tasks run for the app's whole life; one that ends early is a bug worth a loud log.
+    if not task.cancelled() and task.exception() is not None:
+        log.error(
+            "background task died", exc_info=task.exception(), extra=fields(task=task.get_name())
+        )

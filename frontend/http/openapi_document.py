@@ -1,0 +1,209 @@
+"""The OpenAPI 3.1 document of the whole HTTP surface, served at ``GET /openapi.json``.
+
+``OPERATIONS`` lists every route with the models of its bodies (``models``), whose JSON
+Schemas are the document's components; a test checks it against ``app.router``, so a route
+added without a description here fails the suite. The served copy is generated from the
+node's models (``limited``), so it carries the node's ``--max-tokens-limit``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, Field, RootModel
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, models_json_schema
+from pydantic_core import core_schema
+
+from tinyserve.frontend.http.appkeys import CONFIG
+from tinyserve.frontend.http.auth import OPEN_PATHS
+from tinyserve.frontend.models import chat, native, openai_reply_bodies, openai_requests
+from tinyserve.frontend.models.common import limited
+from tinyserve.frontend.models.errors import Error, OpenAIError
+
+OPENAPI_VERSION = "3.1.0"
+BEARER = "bearer"  # the security scheme of the API keys
+REF = "#/components/schemas/{model}"
+SSE = "text/event-stream"
+Schema = dict[str, Any]
+Model = type[BaseModel]
+
+
+class OpenAPIDocument(RootModel[dict[str, Any]]):
+    """This document."""
+
+
+class MetricsText(RootModel[str]):
+    root: str = Field(description="Prometheus text exposition format")
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One route: what it takes, what it answers, which errors it can give."""
+
+    method: str
+    path: str
+    summary: str
+    ok: Model  # the 200 body
+    request: Model | None = None  # the JSON request body
+    events: Model | None = None  # the data of one SSE event, when it can stream
+    errors: tuple[int, ...] = ()
+    error_schema: Model = Error
+    media: str = "application/json"  # of the 200 body
+
+
+_GENERATION_ERRORS = (400, 404, 415, 429, 500, 503)
+OPERATIONS: tuple[Operation, ...] = (
+    Operation("post", "/generate", "Generate a completion (native API)", native.GenerateReply,
+              native.GenerateRequest, native.GenerateEvent, (400, 415, 429, 500, 503)),
+    Operation("get", "/health", "200 while the process runs", native.Status),
+    Operation("get", "/ready", "200 once an engine serves this frontend", native.Status,
+              errors=(503,)),
+    Operation("get", "/v1/models", "The served model", openai_reply_bodies.ModelList, errors=(503,),
+              error_schema=OpenAIError),
+    Operation("post", "/v1/completions", "OpenAI completions", openai_reply_bodies.Completion,
+              openai_requests.CompletionRequest, openai_reply_bodies.CompletionChunk,
+              _GENERATION_ERRORS, OpenAIError),
+    Operation("post", "/v1/chat/completions", "OpenAI chat completions",
+              openai_reply_bodies.ChatCompletion, chat.ChatCompletionRequest,
+              openai_reply_bodies.ChatCompletionChunk, _GENERATION_ERRORS, OpenAIError),
+    Operation("get", "/openapi.json", "This document", OpenAPIDocument),
+    Operation("get", "/v1/requests/{request_id}", "Timeline of a recent request",
+              native.RequestTimeline, errors=(404, 503), error_schema=OpenAIError),
+    Operation("get", "/metrics", "Prometheus metrics of the whole node (engine and every "
+              "frontend)", MetricsText, media="text/plain"),
+)  # fmt: skip
+
+_ERROR_TEXT = {
+    400: "invalid request (type invalid_request / context_length_exceeded)",
+    401: "no valid API key (only when the server has keys; WWW-Authenticate: Bearer)",
+    413: "body over the server's --max-body-bytes",
+    404: "unknown model, or no recent request with that id",
+    415: "a Content-Type other than JSON (none at all is taken as JSON)",
+    429: "this frontend is at --max-connections (frontend_busy); retry after Retry-After",
+    500: "engine or server error",
+    503: "overloaded, draining or no engine; retry after Retry-After seconds",
+}
+
+
+def document(max_tokens_limit: int | None = None) -> dict[str, Any]:
+    """The whole OpenAPI document; with a node's ``--max-tokens-limit``, as that node serves
+    it."""
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op)
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "TinyServe",
+            "version": _version(),
+            "description": "Native /generate API and an OpenAI-compatible API; see docs/api.md.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components(max_tokens_limit),
+            "securitySchemes": {BEARER: {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+@functools.cache
+def components(max_tokens_limit: int | None) -> dict[str, Schema]:
+    """The JSON Schema of every body: requests as they are validated, replies as they are
+    written."""
+    requests = dict.fromkeys(op.request for op in OPERATIONS if op.request)
+    bodies = (m for op in OPERATIONS for m in (op.ok, op.events, op.error_schema) if m)
+    limit = max_tokens_limit
+    models: list[tuple[Model, JsonSchemaMode]] = [
+        (m if limit is None else limited(m, limit), "validation") for m in requests
+    ]
+    models += [(m, "serialization") for m in dict.fromkeys(bodies) if m not in requests]
+    _, schema = models_json_schema(models, ref_template=REF, schema_generator=_Generator)
+    return dict(sorted(schema["$defs"].items()))
+
+
+class _Generator(GenerateJsonSchema):
+    def field_title_should_be_set(self, schema: core_schema.CoreSchema) -> bool:
+        return False  # a property's title would only repeat its name
+
+
+def ref(model: Model) -> Schema:
+    """A reference to ``model``'s component schema."""
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    """This server's OpenAPI document, with its configured limits."""
+    return web.json_response(document(request.app[CONFIG].max_tokens_limit))
+
+
+def _operation(op: Operation) -> dict[str, Any]:
+    ok: dict[str, Schema] = {op.media: {"schema": ref(op.ok)}}
+    if op.events is not None:
+        # One event's data; a stream is what 'stream': true asks for.
+        ok[SSE] = {"schema": _sse_event(op.events, op.error_schema, op.path.startswith("/v1/"))}
+    responses: dict[str, Any] = {"200": {"description": "OK", "content": ok}}
+    for status in op.errors:
+        responses[str(status)] = _error_response(status, op.error_schema)
+    if op.request is not None:
+        responses["413"] = _error_response(413, op.error_schema)
+    operation: dict[str, Any] = {"summary": op.summary, "responses": responses}
+    if op.path not in OPEN_PATHS:
+        # A key is needed only once the server has any (docs/api.md): bearer, or nothing.
+        operation["security"] = [{BEARER: []}, {}]
+        responses["401"] = _error_response(401, op.error_schema)
+    names = re.findall(r"{(\w+)}", op.path)
+    if names:
+        path_param = {"in": "path", "required": True, "schema": {"type": "string"}}
+        operation["parameters"] = [{"name": n, **path_param} for n in names]
+    if op.request is not None:
+        body = {"application/json": {"schema": ref(op.request)}}
+        operation["requestBody"] = {"required": True, "content": body}
+    return operation
+
+
+def _sse_event(data: Model, error: Model, done: bool) -> Schema:
+    """One server-sent event whose data is a JSON ``data`` object (or ``error`` after a failure
+    mid-stream), and with ``done`` possibly the literal ``[DONE]`` that ends OpenAI streams.
+    Like OpenAPI 3.2's ``itemSchema``: the fields of the event, the data's own schema inside."""
+    json_data = {
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": {"anyOf": [ref(data), ref(error)]},
+    }
+    return {
+        "type": "object",
+        "properties": {
+            "data": {"anyOf": [json_data, {"const": "[DONE]"}]} if done else json_data,
+            "event": {"type": "string"},
+            "id": {"type": "string"},
+            "retry": {"type": "integer"},
+        },
+        "required": ["data"],
+        "additionalProperties": False,
+    }
+
+
+def _error_response(status: int, schema: Model) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": _ERROR_TEXT[status],
+        "content": {"application/json": {"schema": ref(schema)}},
+    }
+    if status in (429, 503):
+        retry = {"schema": {"type": "integer"}, "description": "seconds to wait"}
+        response["headers"] = {"Retry-After": retry}
+    if status == 401:
+        challenge = {"schema": {"const": "Bearer"}, "description": "the scheme to use"}
+        response["headers"] = {"WWW-Authenticate": challenge}
+    return response
+
+
+def _version() -> str:
+    try:
+        return metadata.version("tinyserve")
+    except metadata.PackageNotFoundError:
+        return "0"

@@ -1,0 +1,45 @@
+"""Every HTTP route of the frontend, in one table, and the one place they are registered."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from tinyserve.frontend.http.api_errors import Handler
+from tinyserve.frontend.http.metrics_route import metrics_handler
+from tinyserve.frontend.http.openapi_document import openapi_json
+from tinyserve.frontend.native.native_handlers import generate, health, ready
+from tinyserve.frontend.native.request_timeline import request_timeline
+from tinyserve.frontend.openai.openai_handlers import chat_completions, completions, list_models
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route: a GET also answers HEAD, as aiohttp's ``add_get`` does."""
+
+    method: str
+    path: str
+    handler: Handler
+
+
+ROUTES = (
+    Route("POST", "/generate", generate),
+    Route("GET", "/health", health),
+    Route("GET", "/ready", ready),
+    Route("GET", "/v1/requests/{request_id}", request_timeline),
+    Route("GET", "/v1/models", list_models),
+    Route("POST", "/v1/completions", completions),
+    Route("POST", "/v1/chat/completions", chat_completions),
+    Route("GET", "/openapi.json", openapi_json),
+    Route("GET", "/metrics", metrics_handler),
+)
+
+
+def add_routes(app: web.Application) -> None:
+    """Register ``ROUTES`` on ``app``."""
+    for route in ROUTES:
+        if route.method == "GET":
+            app.router.add_get(route.path, route.handler)
+        else:
+            app.router.add_route(route.method, route.path, route.handler)

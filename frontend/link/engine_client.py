@@ -1,0 +1,197 @@
+"""The ZeroMQ side of the frontend: PUSH requests to the engine, SUB to this frontend's topic.
+
+One ``EngineClient`` per process. Sends never wait: the PUSH socket is a plain (non-asyncio)
+socket used with ``NOBLOCK`` and ``IMMEDIATE``, so "the engine is not connected" surfaces at
+once as ``EngineUnreachable`` (a 503) instead of a request parked in a queue nobody reads.
+The ``listen`` coroutine, run as a task by the app's ``cleanup_ctx``, routes every
+``RequestUpdate`` to its request's stream and hands ``HelloAck``s to a pending handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from tinyserve import protocol
+from tinyserve.config import Config
+from tinyserve.frontend.request.streams import RequestStream
+from tinyserve.logs import RateLimitedLog, fields
+
+log = logging.getLogger(__name__)
+
+HELLO_INTERVAL_S = 0.2
+# PUSH holds this many messages for a connected engine before NOBLOCK sends fail; the engine's
+# inbox drains every tick, so only a stalled engine gets near it.
+SEND_HWM = 100_000
+
+
+class EngineUnreachable(Exception):
+    """The engine has no connected PULL socket right now (not started, died, restarting)."""
+
+
+class EngineClient:
+    """Sockets to the engine, the hello handshake, and the map of live request streams."""
+
+    def __init__(self, config: Config, frontend_id: str | None = None) -> None:
+        # Fixed-length hex: no frontend's topic is a prefix of another's.
+        self.frontend_id = frontend_id or uuid.uuid4().hex
+        self._ctx = zmq.asyncio.Context()
+        self._push = zmq.Socket(self._ctx, zmq.PUSH)
+        self._push.setsockopt(zmq.SNDHWM, SEND_HWM)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.setsockopt(zmq.IMMEDIATE, 1)
+        self._push.connect(config.engine_in)
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.RCVHWM, 0)  # unlimited: nothing may be dropped on our side
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.SUBSCRIBE, protocol.topic(self.frontend_id))
+        self._sub.connect(config.engine_out)
+        self._streams: dict[str, RequestStream] = {}
+        self._ack_waiter: asyncio.Future[protocol.HelloAck] | None = None
+        self.on_pending_change: Callable[[], None] | None = None
+        self._queries: dict[int, asyncio.Future[dict[str, Any] | None]] = {}
+        self._next_query = 0
+        self._dropped = RateLimitedLog(log)
+
+    # -- sending ------------------------------------------------------------------------------
+
+    def send(self, message: protocol.Message) -> None:
+        """Send one message now or raise ``EngineUnreachable``."""
+        try:
+            self._push.send(protocol.encode(message), flags=zmq.NOBLOCK)
+        except zmq.Again as exc:
+            raise EngineUnreachable("engine is not connected") from exc
+
+    def submit(self, submit: protocol.Submit, blocks: int) -> RequestStream:
+        """Register the request's stream, then send it; its updates may arrive at once."""
+        stream = RequestStream(submit.request_id, blocks)
+        self._streams[submit.request_id] = stream
+        try:
+            self.send(submit)
+        except EngineUnreachable:
+            del self._streams[submit.request_id]
+            raise
+        return stream
+
+    def cancel(self, request_id: str, reason: str = protocol.FINISH_CANCELLED) -> None:
+        """Ask the engine to stop a request; best effort, never waits."""
+        try:
+            self.send(protocol.Cancel(request_id, self.frontend_id, reason))
+        except EngineUnreachable:
+            # The engine is gone or restarting: the request died with it.
+            log.info("cancel not sent: engine unreachable", extra=fields(request_id=request_id))
+
+    async def timeline(self, request_id: str, timeout_s: float) -> dict[str, Any] | None:
+        """Ask the engine for a request's timeline; None when it does not know the id.
+        Raises ``EngineUnreachable``, or ``TimeoutError`` when no answer comes in time."""
+        self._next_query += 1
+        query_id = self._next_query
+        answer = asyncio.get_running_loop().create_future()
+        self._queries[query_id] = answer
+        try:
+            self.send(protocol.TimelineQuery(self.frontend_id, query_id, request_id))
+            return await asyncio.wait_for(answer, timeout_s)
+        finally:
+            self._queries.pop(query_id, None)
+
+    def release(self, request_id: str) -> None:
+        """Forget a request's stream once its handler is done with it."""
+        self._streams.pop(request_id, None)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def pending(self) -> tuple[int, int]:
+        """(worst-case blocks, requests) sent but not yet accepted or finished by the engine."""
+        waiting = [s for s in self._streams.values() if s.pending]
+        return sum(s.blocks for s in waiting), len(waiting)
+
+    def streams(self) -> list[RequestStream]:
+        """The live request streams."""
+        return list(self._streams.values())
+
+    @property
+    def in_flight(self) -> int:
+        """Requests with a live stream (sent, handler not finished)."""
+        return len(self._streams)
+
+    def fail_all(self, detail: str) -> None:
+        """End every live request with an error: the engine that held them is gone."""
+        for stream in list(self._streams.values()):
+            stream.fail(detail, engine_down=True)
+
+    # -- handshake and listener ----------------------------------------------------------------
+
+    async def handshake(self) -> protocol.HelloAck:
+        """Say hello every ``HELLO_INTERVAL_S`` until the engine acknowledges this frontend.
+
+        Repeated because a SUB socket that connected late misses what was published before its
+        subscription reached the engine, the first ack included. Needs ``listen`` running.
+        """
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[protocol.HelloAck] = loop.create_future()
+        self._ack_waiter = waiter
+        hello = protocol.Hello(self.frontend_id, os.getpid())
+        try:
+            while True:
+                # Not connected yet: the next round tries again.
+                with contextlib.suppress(EngineUnreachable):
+                    self.send(hello)
+                done, _ = await asyncio.wait({waiter}, timeout=HELLO_INTERVAL_S)
+                if done:
+                    return waiter.result()
+        finally:
+            self._ack_waiter = None
+            waiter.cancel()
+
+    async def listen(self) -> None:
+        """Receive and dispatch engine messages until cancelled."""
+        while True:
+            frames = await self._sub.recv_multipart()
+            if len(frames) != 2:
+                self._dropped.warning("dropping engine message", frames=len(frames))
+                continue
+            try:
+                message = protocol.decode(frames[1])
+            except protocol.ProtocolError as exc:
+                self._dropped.warning("dropping engine message", error=str(exc))
+                continue
+            self._dispatch(message)
+
+    def _dispatch(self, message: protocol.Message) -> None:
+        if isinstance(message, protocol.TickOutput):
+            settled = False
+            for update in message.updates:
+                stream = self._streams.get(update.request_id)
+                if stream is not None:
+                    was_pending = stream.pending
+                    stream.deliver(update)
+                    settled |= was_pending and not stream.pending
+            if settled and self.on_pending_change is not None:
+                # Our board slot must stop counting these at once, or every frontend's
+                # admission would charge them twice (pending here, used at the engine).
+                self.on_pending_change()
+        elif isinstance(message, protocol.TimelineReply):
+            answer = self._queries.get(message.query_id)
+            if answer is not None and not answer.done():
+                answer.set_result(message.timeline)
+        elif isinstance(message, protocol.HelloAck):
+            waiter = self._ack_waiter
+            # Acks to our earlier, repeated hellos arrive after the first one: ignored.
+            if message.frontend_id == self.frontend_id and waiter is not None and not waiter.done():
+                waiter.set_result(message)
+        else:
+            log.warning("unexpected engine message", extra=fields(type=type(message).__name__))
+
+    def close(self) -> None:
+        """Close both sockets and the context without waiting for unsent messages."""
+        self._push.close(linger=0)
+        self._sub.close(linger=0)
+        self._ctx.term()

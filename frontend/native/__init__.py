@@ -1,0 +1,1 @@
+"""The native API surface: ``/generate``, ``/health``, ``/ready``, ``/v1/requests/{id}``."""

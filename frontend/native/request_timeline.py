@@ -1,0 +1,40 @@
+"""``GET /v1/requests/{request_id}``: the timeline of a recent request, from the engine.
+
+Timelines live in the engine (the last ``--timeline-keep`` finished requests, and every
+request still in flight), so any frontend answers for any request, whichever frontend served
+it: behind nginx the GET lands on a random one. An OpenAI reply's id (``cmpl-``/``chatcmpl-``
+and the request id) works as well. The frontend asks with a ``TimelineQuery`` and
+waits at most ``QUERY_TIMEOUT_S`` for the ``TimelineReply``.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from tinyserve.frontend.http.api_errors import ApiError
+from tinyserve.frontend.http.appkeys import CLIENT, LINK
+from tinyserve.frontend.link.engine_client import EngineUnreachable
+from tinyserve.frontend.models.common import json_response
+from tinyserve.frontend.models.native import RequestTimeline
+from tinyserve.frontend.openai.openai_reply import CHAT, COMPLETIONS
+from tinyserve.frontend.request.reply_common import engine_unavailable
+
+QUERY_TIMEOUT_S = 1.0
+NOT_FOUND = "not_found"
+
+
+async def request_timeline(request: web.Request) -> web.Response:
+    """The timeline of a request still in flight or among the engine's recent ones."""
+    request_id = request.match_info["request_id"]
+    # An OpenAI reply's id is the request id with its surface's prefix.
+    for surface in (CHAT, COMPLETIONS):
+        request_id = request_id.removeprefix(surface.id_prefix)
+    if request.app[LINK].ack is None:
+        raise engine_unavailable()
+    try:
+        timeline = await request.app[CLIENT].timeline(request_id, QUERY_TIMEOUT_S)
+    except (EngineUnreachable, TimeoutError) as exc:
+        raise engine_unavailable("the engine did not answer the timeline query") from exc
+    if timeline is None:
+        raise ApiError(404, NOT_FOUND, f"no recent request with id {request_id!r}")
+    return json_response(RequestTimeline.model_validate(timeline))

@@ -1,0 +1,84 @@
+"""OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/completions``,
+``POST /v1/chat/completions``.
+
+Each parses its body into its model (``models.openai_requests``, ``models.chat``), checks the
+model id against the one the engine serves, and runs the same pipeline as ``/generate`` with
+an OpenAI-format reply. Errors under ``/v1/`` take OpenAI's shape (the error middleware
+decides by path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from aiohttp import web
+
+from tinyserve.frontend.http.api_errors import MODEL_NOT_FOUND, ApiError
+from tinyserve.frontend.http.appkeys import CHAT_TEMPLATE, CONFIG, LINK, TOKENIZER
+from tinyserve.frontend.models.chat import ChatCompletionRequest
+from tinyserve.frontend.models.common import json_response
+from tinyserve.frontend.models.openai_reply_bodies import Model, ModelList
+from tinyserve.frontend.models.openai_requests import CompletionRequest, OpenAIRequest
+from tinyserve.frontend.models.parse import json_body, parse_body
+from tinyserve.frontend.openai.openai_reply import CHAT, COMPLETIONS, OpenAIReply, Surface
+from tinyserve.frontend.request import pipeline
+from tinyserve.frontend.request.reply_common import engine_unavailable
+
+OWNED_BY = "tinyserve"
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """The one served model; its id is ``--model-name`` or the model file's name."""
+    model = _served_model(request)
+    created = int(request.app[TOKENIZER].facts.model_path.stat().st_mtime)
+    entry = Model(id=model, created=created, owned_by=OWNED_BY)
+    return json_response(ModelList(data=[entry]))
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    """Continue a prompt (a string or token ids); JSON or SSE."""
+    config = request.app[CONFIG]
+    req = parse_body(await json_body(request), CompletionRequest, config)
+    _check_model(request, req.model)
+    generation = req.generation(config)
+    reply = _reply(request, req, COMPLETIONS, generation.sampling.logprobs)
+    return await pipeline.run(request, generation, reply, req.prompt_ids)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """Answer a conversation, rendered with the model's own chat template; JSON or SSE."""
+    config = request.app[CONFIG]
+    req = parse_body(await json_body(request), ChatCompletionRequest, config)
+    _check_model(request, req.model)
+    chat = request.app[CHAT_TEMPLATE].render(
+        req.template_messages(),
+        add_generation_prompt=req.ends_with_generation_prompt,
+        continue_final_message=req.continue_final_message,
+    )
+    # Tokenized here, in parts: the messages' text must never become control tokens.
+    prompt_ids = await request.app[TOKENIZER].tokenize_chat(chat)
+    generation = dataclasses.replace(req.generation(config), prompt=chat.text)
+    reply = _reply(request, req, CHAT, generation.sampling.logprobs)
+    return await pipeline.run(request, generation, reply, prompt_ids)
+
+
+def _reply(
+    request: web.Request, req: OpenAIRequest, surface: Surface, logprobs: int
+) -> OpenAIReply:
+    tokenizer = request.app[TOKENIZER]
+    return OpenAIReply(surface, req.model, req.include_usage, tokenizer, logprobs)
+
+
+def _served_model(request: web.Request) -> str:
+    # The engine's word, not our config: it is the one that loaded the model.
+    ack = request.app[LINK].ack
+    if ack is None:
+        raise engine_unavailable()
+    return ack.model_name
+
+
+def _check_model(request: web.Request, model: str) -> None:
+    served = _served_model(request)
+    if model != served:
+        message = f"model {model!r} does not exist; this server serves {served!r}"
+        raise ApiError(404, MODEL_NOT_FOUND, message, param="model")

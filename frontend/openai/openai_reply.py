@@ -1,0 +1,254 @@
+"""OpenAI-format replies (completions and chat), on ``request.reply_common``'s shared machinery.
+
+JSON: ``Completion`` / ``ChatCompletion`` (``models.openai_reply_bodies``). SSE: ``data: <chunk>``
+events (a chat stream opens with a ``role`` delta), one chunk with the ``finish_reason``, the
+usage chunk (``choices: []``) when ``stream_options.include_usage``, then ``data: [DONE]``. A
+failure after the headers went out is a ``data: {"error": {...}}`` event (``OpenAIError``),
+which the openai client raises as ``APIError``, then ``[DONE]``.
+
+Finish reasons: ``stop`` and ``length`` as they are; ``timeout`` (request time limit) and
+``cancelled`` are output cut short, so ``length``; ``queue_timeout`` (no token made) is a 503
+with Retry-After; ``error`` and ``rejected`` are errors, as on ``/generate``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from tinyserve import protocol
+from tinyserve.frontend.http.api_errors import INTERNAL_ERROR, ApiError, unavailable
+from tinyserve.frontend.models.common import json_response, to_json
+from tinyserve.frontend.models.openai_reply_bodies import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionChunkChoice,
+    FinishReason,
+    PromptTokensDetails,
+    Usage,
+)
+from tinyserve.frontend.openai.openai_logprobs import (
+    TokenLogprob,
+    chat_logprobs,
+    completion_logprobs,
+    token_logprobs,
+)
+from tinyserve.frontend.request import admission
+from tinyserve.frontend.request.admission import Load
+from tinyserve.frontend.request.reply_common import (
+    ReplyContext,
+    collect,
+    finish_error,
+    sse_event,
+    write_sse,
+)
+from tinyserve.frontend.request.streams import Finish, Piece, RequestStream
+from tinyserve.frontend.request.tokenizer import Tokenizer
+
+DONE = sse_event("[DONE]")
+FINISH_REASONS: dict[str, FinishReason] = {
+    protocol.FINISH_STOP: "stop",
+    protocol.FINISH_LENGTH: "length",
+    protocol.FINISH_TIMEOUT: "length",
+    protocol.FINISH_CANCELLED: "length",
+}
+Chunk = CompletionChunk | ChatCompletionChunk
+
+
+@dataclass(frozen=True)
+class Surface:
+    """What tells a completion reply from a chat one."""
+
+    chat: bool
+    id_prefix: str
+
+
+COMPLETIONS = Surface(False, "cmpl-")
+CHAT = Surface(True, "chatcmpl-")
+
+
+def openai_finish_error(finish: Finish, load: Load | None) -> ApiError | None:
+    """``finish_error``, plus a 503 for a request that timed out before its first token."""
+    error = finish_error(finish, load)
+    if error is None and finish.reason == protocol.FINISH_QUEUE_TIMEOUT:
+        rejection = admission.engine_rejection(finish.reason, load or admission.IDLE_LOAD)
+        assert rejection.retry_after is not None
+        message = "the request timed out waiting for a free slot"
+        error = unavailable(finish.reason, message, rejection.retry_after)
+    return error
+
+
+class OpenAIReply:
+    """The ``Reply`` of one OpenAI request (see ``pipeline.run``)."""
+
+    def __init__(
+        self, surface: Surface, model: str, include_usage: bool, tokenizer: Tokenizer, logprobs: int
+    ) -> None:
+        self.surface = surface
+        self.model = model
+        self.include_usage = include_usage
+        self.tokenizer = tokenizer
+        self.logprobs = logprobs  # -1: none
+        self.created = int(time.time())
+
+    async def __call__(
+        self, request: web.Request, stream: RequestStream, ctx: ReplyContext
+    ) -> web.StreamResponse:
+        if ctx.stream:
+            return await write_sse(request, ctx.request_id, _Events(self, stream, ctx))
+        return await self._json(stream, ctx)
+
+    async def _json(self, stream: RequestStream, ctx: ReplyContext) -> web.Response:
+        output = await collect(stream)
+        error = openai_finish_error(output.finish, ctx.load())
+        if error is not None:
+            error.request_id = ctx.request_id
+            return error.response(openai=True)
+        tokens = await self.logprobs_of(output.token_ids, output.logprobs)
+        reason = FINISH_REASONS.get(output.finish.reason, "stop")
+        envelope = self.envelope(ctx)
+        total = usage(ctx, output.finish, output.tokens)
+        body: Completion | ChatCompletion
+        if self.surface.chat:
+            logprobs = None if tokens is None else chat_logprobs(tokens)
+            message = AssistantMessage(content=output.text)
+            choice = ChatChoice(message=message, logprobs=logprobs, finish_reason=reason)
+            body = ChatCompletion(**envelope, choices=[choice], usage=total)
+        else:
+            text_logprobs = None if tokens is None else completion_logprobs(tokens, 0)
+            text = output.text
+            one = CompletionChoice(text=text, logprobs=text_logprobs, finish_reason=reason)
+            body = Completion(**envelope, choices=[one], usage=total)
+        return json_response(body, headers={"X-Request-Id": ctx.request_id})
+
+    def envelope(self, ctx: ReplyContext) -> dict[str, Any]:
+        """The fields every reply and chunk carries around its choices."""
+        return {"id": self.surface.id_prefix + ctx.request_id, "created": self.created,
+                "model": self.model}  # fmt: skip
+
+    async def logprobs_of(
+        self, token_ids: list[int], entries: list[list[Any]]
+    ) -> list[TokenLogprob] | None:
+        """The logprobs of these tokens, or None when the request did not ask."""
+        if self.logprobs < 0:
+            return None
+        return await token_logprobs(self.tokenizer, token_ids, entries)
+
+    def chunk(
+        self,
+        ctx: ReplyContext,
+        text: str | None,
+        tokens: list[TokenLogprob] | None,
+        reason: FinishReason | None,
+        *,
+        text_offset: int = 0,
+        first: bool = False,
+    ) -> bytes:
+        """One chunk of a stream: new text (none: the finish chunk), its logprobs."""
+        body: Chunk
+        if self.surface.chat:
+            delta = ChatDelta(role="assistant" if first else None, content=text)
+            logprobs = None if tokens is None else chat_logprobs(tokens)
+            choice = ChatChunkChoice(delta=delta, logprobs=logprobs, finish_reason=reason)
+            body = ChatCompletionChunk(**self.envelope(ctx), choices=[choice])
+        else:
+            text_logprobs = None if tokens is None else completion_logprobs(tokens, text_offset)
+            one = CompletionChunkChoice(
+                text=text or "", logprobs=text_logprobs, finish_reason=reason
+            )
+            body = CompletionChunk(**self.envelope(ctx), choices=[one])
+        return self.chunk_event(body)
+
+    def usage_chunk(self, ctx: ReplyContext, total: Usage) -> bytes:
+        """The chunk after the finish that carries the usage."""
+        chunk = ChatCompletionChunk if self.surface.chat else CompletionChunk
+        return self.chunk_event(chunk(**self.envelope(ctx), choices=[], usage=total))
+
+    def chunk_event(self, body: Chunk) -> bytes:
+        """As OpenAI: with ``include_usage`` every chunk has a usage, null but on the last."""
+        return sse_event(to_json(body, exclude=None if self.include_usage else {"usage"}))
+
+
+def usage(ctx: ReplyContext, finish: Finish, completion_tokens: int) -> Usage:
+    """OpenAI's usage object; ``cached_tokens`` counts prompt tokens the prefix cache served."""
+    prompt_tokens = ctx.prompt_tokens_of(finish)
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=finish.cached_tokens),
+    )
+
+
+class _Events:
+    """The chunks of one streamed reply."""
+
+    def __init__(self, reply: OpenAIReply, stream: RequestStream, ctx: ReplyContext) -> None:
+        self._reply = reply
+        self._stream = stream
+        self._ctx = ctx
+        self._tokens = 0
+        self._chars = 0  # text sent so far: where the next token's text_offset starts
+        self._ended = False  # the finish chunk or an error event went out
+        self._done = False
+
+    async def events(self) -> AsyncGenerator[bytes, None]:
+        if self._reply.surface.chat:
+            yield self._reply.chunk(self._ctx, "", None, None, first=True)
+        async for piece in self._stream.pieces():
+            self._tokens += piece.tokens
+            delta = await self._delta(piece)
+            if delta is not None:
+                yield delta
+            if piece.finish is not None:
+                for event in self._end(piece.finish):
+                    yield event
+                self._ended = True
+        yield DONE
+        self._done = True
+
+    def failure_events(self) -> list[bytes]:
+        ending = [] if self._ended else [_error_event(_internal_error())]
+        return ending + ([] if self._done else [DONE])
+
+    async def _delta(self, piece: Piece) -> bytes | None:
+        tokens = None
+        if piece.token_ids:
+            tokens = await self._reply.logprobs_of(piece.token_ids, piece.logprobs)
+        if not piece.text and tokens is None:
+            return None
+        offset = self._chars
+        self._chars += len(piece.text)
+        return self._reply.chunk(self._ctx, piece.text, tokens, None, text_offset=offset)
+
+    def _end(self, finish: Finish) -> list[bytes]:
+        error = openai_finish_error(finish, self._ctx.load())
+        if error is not None:
+            return [_error_event(error)]
+        reason = FINISH_REASONS.get(finish.reason, "stop")
+        events = [self._reply.chunk(self._ctx, None, None, reason)]
+        if self._reply.include_usage:
+            events.append(
+                self._reply.usage_chunk(self._ctx, usage(self._ctx, finish, self._tokens))
+            )
+        return events
+
+
+def _error_event(error: ApiError) -> bytes:
+    # The openai client raises an APIError for an event whose data holds "error".
+    return sse_event(error.openai_body())
+
+
+def _internal_error() -> ApiError:
+    return ApiError(500, INTERNAL_ERROR, "internal server error")

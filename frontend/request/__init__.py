@@ -1,0 +1,1 @@
+"""One generation request's path: its record, tokenize, admit, submit, stream, meter, log."""

@@ -1,0 +1,161 @@
+"""Spans and the finished-request log line of each request, read from its ``RequestRecord``.
+
+``observe`` wraps the pipeline of one request. It starts the request's server span (a child of
+an incoming ``traceparent``, when there is one), hands out child spans for the pipeline's steps
+(admission, streaming), and when the request is over ends the span (error status for a 5xx or
+an engine failure), writes one log line, ``request finished``, with the fields ``LOG_FIELDS``
+lists, and tells ``on_end`` (the request's meter) the status. With tracing off no span object
+is ever made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from aiohttp import web
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
+
+from tinyserve import protocol
+from tinyserve.frontend.http.api_errors import CLIENT_CLOSED, ApiError
+from tinyserve.frontend.http.appkeys import TRACING
+from tinyserve.frontend.request.admission import Limits, Load, Rejection
+from tinyserve.frontend.request.record import RequestRecord
+from tinyserve.logs import fields
+from tinyserve.timeline_records import slot_ms
+from tinyserve.tracing import extract, inject
+
+log = logging.getLogger("tinyserve.requests")
+
+CLIENT_CLOSED_ERROR = "client_closed"
+LOG_FIELDS = (
+    "request_id", "route", "tenant", "priority", "status", "finish_reason", "error",
+    "prompt_tokens", "cached_tokens", "generated_tokens", "queue_ms", "ttft_ms", "total_ms",
+)  # fmt: skip
+_TRACE_HEADERS = ("traceparent", "tracestate")
+# Endings that mark the request span with an error status even under a 200 (a stream's
+# status is sent before its end is known).
+FAILED_FINISHES = frozenset(
+    {protocol.FINISH_ERROR, protocol.FINISH_TIMEOUT, protocol.FINISH_QUEUE_TIMEOUT}
+)
+
+
+@dataclass
+class RequestSpan:
+    """The request's server span (None with tracing off) and the child spans of its steps."""
+
+    span: Span | None
+
+    @property
+    def trace_context(self) -> dict[str, str]:
+        """The W3C context to send with the request so engine spans join this trace."""
+        return inject(self.span) if self.span is not None else {}
+
+    @contextlib.contextmanager
+    def step(self, request: web.Request, name: str) -> Iterator[None]:
+        """A child span of the request span around one step (nothing when tracing is off)."""
+        tracer = request.app[TRACING].tracer
+        if tracer is None or self.span is None:
+            yield
+            return
+        with tracer.start_as_current_span(
+            name, context=set_span_in_context(self.span), record_exception=False
+        ) as span:
+            try:
+                yield
+            except ApiError as exc:
+                span.set_status(Status(StatusCode.ERROR, exc.reason or exc.type))
+                raise
+
+
+def admission_figures(
+    record: RequestRecord, limits: Limits, load: Load, blocks: int, rejection: Rejection | None
+) -> dict[str, Any]:
+    """The admission decision and the board figures it was based on (sent with the request)."""
+    return {
+        "decision": "rejected" if rejection else "admitted",
+        "reason": rejection.reason if rejection else None,
+        "ms": record.ms_since_arrival(),
+        "blocks_needed": blocks,
+        "blocks_total": limits.blocks_total,
+        "max_queue": limits.max_queue,
+        "slots": limits.slots,
+        **asdict(load),
+    }
+
+
+def log_fields(record: RequestRecord) -> dict[str, Any]:
+    """The ``request finished`` line's fields (``LOG_FIELDS``)."""
+    finish = record.finish
+    timeline = finish.timeline if finish is not None else None
+    ttft = record.ttft_ns
+    return {
+        "request_id": record.request_id,
+        "route": record.route,
+        "tenant": record.generation.tenant,
+        "priority": record.generation.priority,
+        "status": record.status,
+        "finish_reason": finish.reason if finish is not None else None,
+        "error": record.error,
+        "prompt_tokens": record.prompt_tokens,
+        "cached_tokens": finish.cached_tokens if finish is not None else 0,
+        "generated_tokens": record.generated,
+        "queue_ms": slot_ms(timeline),  # arrival to slot grant, from the engine's timeline
+        "ttft_ms": round(ttft / 1e6, 3) if ttft is not None else None,
+        "total_ms": record.ms_since_arrival(),
+    }
+
+
+@contextlib.contextmanager
+def observe(
+    request: web.Request, record: RequestRecord, on_end: Callable[[int | None], None]
+) -> Iterator[RequestSpan]:
+    """Span and log line of one request around the pipeline that serves it; ``on_end`` gets
+    the HTTP status sent, or None when the client went away first."""
+    traced = RequestSpan(_start_span(request, record))
+    try:
+        yield traced
+    except ApiError as exc:
+        record.status, record.error = exc.status, exc.reason or exc.type
+        raise
+    except asyncio.CancelledError:
+        record.status, record.error = CLIENT_CLOSED, CLIENT_CLOSED_ERROR
+        raise
+    except Exception:
+        record.status, record.error = 500, "internal_error"
+        raise
+    finally:
+        line = log_fields(record)
+        log.info("request finished", extra=fields(**line))
+        if traced.span is not None:
+            _end_span(traced.span, line)
+        on_end(None if record.error == CLIENT_CLOSED_ERROR else record.status)
+
+
+def _start_span(request: web.Request, record: RequestRecord) -> Span | None:
+    tracer = request.app[TRACING].tracer
+    if tracer is None:
+        return None
+    carrier = {h: request.headers[h] for h in _TRACE_HEADERS if h in request.headers}
+    return tracer.start_span(
+        f"{request.method} {record.route}",
+        context=extract(carrier),
+        kind=SpanKind.SERVER,
+        attributes={"http.request.method": request.method, "url.path": request.path},
+    )
+
+
+def _end_span(span: Span, line: dict[str, Any]) -> None:
+    for key in ("request_id", "tenant", "priority", "prompt_tokens", "cached_tokens",
+                "generated_tokens", "finish_reason"):  # fmt: skip
+        if line[key] is not None:
+            span.set_attribute(f"tinyserve.{key}", line[key])
+    span.set_attribute("http.response.status_code", line["status"])
+    failed = line["status"] >= 500 or line["finish_reason"] in FAILED_FINISHES
+    if failed:
+        span.set_status(Status(StatusCode.ERROR, line["error"] or line["finish_reason"] or ""))
+    span.end()

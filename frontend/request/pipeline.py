@@ -1,0 +1,189 @@
+"""The path every generation request takes once its surface has parsed it.
+
+tokenize -> check it fits -> admit (board) -> submit -> wait for the engine's first word
+(accepted or rejected) -> hand the stream to the surface's ``Reply``. Headers go out only after
+that first word, so an engine-side rejection is still a proper 503 and not a stream that ends in
+an error. ``/generate`` and the OpenAI routes differ only in how they parse and how they reply.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from tinyserve import capacity, protocol
+from tinyserve.frontend.http.api_errors import ApiError
+from tinyserve.frontend.http.appkeys import CLIENT, CONFIG, LINK, METRICS, TOKENIZER
+from tinyserve.frontend.http.backpressure import ClientStalled, drop_connection
+from tinyserve.frontend.http.limits import check_prompt_limit
+from tinyserve.frontend.link.engine_client import EngineUnreachable
+from tinyserve.frontend.request import admission
+from tinyserve.frontend.request.generation import Generation, check_prompt_fits, check_token_ids
+from tinyserve.frontend.request.meters import RequestMeter, count_rejection
+from tinyserve.frontend.request.observe import RequestSpan, admission_figures, observe
+from tinyserve.frontend.request.record import RequestRecord
+from tinyserve.frontend.request.reply_common import (
+    Reply,
+    ReplyContext,
+    engine_unavailable,
+    finish_error,
+    rejection_error,
+)
+from tinyserve.frontend.request.streams import Piece, RequestStream
+from tinyserve.logs import fields
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Watchers:
+    """What reads a request's record as it goes: its spans and its meter."""
+
+    traced: RequestSpan
+    meter: RequestMeter
+
+    def take(self, piece: Piece) -> None:
+        """The reply takes ``piece``: into the record, then the meter reads it."""
+        self.meter.record.take(piece)
+        self.meter.took(piece)
+
+
+async def run(
+    request: web.Request,
+    req: Generation,
+    reply: Reply,
+    prompt_ids: list[int] | None = None,
+) -> web.StreamResponse:
+    """Serve ``req`` (its prompt tokenized here unless ``prompt_ids`` are given); its record
+    is what its span, its ``request finished`` log line and its metrics read."""
+    record = RequestRecord.of(request, req)
+    meter = RequestMeter(request.app[METRICS], record)
+    with observe(request, record, meter.end) as traced:
+        response = await _run(request, record, reply, prompt_ids, Watchers(traced, meter))
+        record.status = response.status
+        return response
+
+
+async def _run(
+    request: web.Request,
+    record: RequestRecord,
+    reply: Reply,
+    prompt_ids: list[int] | None,
+    watchers: Watchers,
+) -> web.StreamResponse:
+    app, req = request.app, record.generation
+    ack = app[LINK].ack
+    if ack is None:
+        raise engine_unavailable()
+    if prompt_ids is None:
+        prompt_ids = await app[TOKENIZER].tokenize(req.prompt)
+    else:
+        check_token_ids(prompt_ids, ack.n_vocab)
+    check_prompt_limit(len(prompt_ids), app[CONFIG].max_prompt_tokens)
+    check_prompt_fits(len(prompt_ids), req.max_tokens, ack.n_ctx)
+    record.prompt_tokens = len(prompt_ids)
+    with watchers.traced.step(request, "admission"):
+        blocks = _admit(request, record)
+    submit = _submit_message(record, prompt_ids, app[CLIENT].frontend_id, watchers.traced)
+    try:
+        return await _forward(request, record, submit, blocks, reply, watchers)
+    except ApiError as exc:
+        exc.request_id = record.request_id
+        raise
+
+
+def _admit(request: web.Request, record: RequestRecord) -> int:
+    """Check the board; returns the request's worst-case KV blocks or raises the rejection."""
+    link = request.app[LINK]
+    limits, load = link.limits, link.load()
+    if limits is None or load is None:
+        raise engine_unavailable()
+    prompt_tokens, max_tokens = record.prompt_tokens, record.generation.max_tokens
+    rejection = admission.admit(prompt_tokens, max_tokens, limits, load)
+    blocks = capacity.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
+    record.admission = admission_figures(record, limits, load, blocks, rejection)
+    if rejection is not None:
+        count_rejection(request.app[METRICS], rejection.reason)
+        raise rejection_error(rejection)
+    return blocks
+
+
+def _submit_message(
+    record: RequestRecord, prompt_ids: list[int], frontend_id: str, traced: RequestSpan
+) -> protocol.Submit:
+    req = record.generation
+    return protocol.Submit(
+        request_id=record.request_id,
+        frontend_id=frontend_id,
+        prompt_ids=prompt_ids,
+        sampling=req.sampling,
+        max_tokens=req.max_tokens,
+        priority=req.priority,
+        tenant=req.tenant,
+        arrival_ns=record.arrival_ns,
+        trace_context=traced.trace_context,
+        admission=record.admission,
+    )
+
+
+async def _forward(
+    request: web.Request,
+    record: RequestRecord,
+    submit: protocol.Submit,
+    blocks: int,
+    reply: Reply,
+    watchers: Watchers,
+) -> web.StreamResponse:
+    """Send the request, reply from its stream, and make sure it does not outlive the handler."""
+    client, link = request.app[CLIENT], request.app[LINK]
+    try:
+        stream = client.submit(submit, blocks)
+    except EngineUnreachable as exc:
+        raise engine_unavailable() from exc
+    link.publish()
+    stream.on_piece = watchers.take
+    reason = protocol.FINISH_CANCELLED
+    try:
+        return await _reply(request, record, stream, reply, watchers.traced)
+    except ClientStalled as stalled:
+        reason = protocol.FINISH_CLIENT_STALLED
+        log.warning("client stopped reading", extra=fields(request_id=record.request_id))
+        return stalled.response
+    finally:
+        # Client gone (handler cancelled) or a failure of ours: the engine must not keep
+        # generating for nobody. cancel() never waits, so this cannot hang a cancelled task.
+        if not stream.engine_finished:
+            client.cancel(record.request_id, reason)
+            record.cancel_reason = reason
+            watchers.meter.cancel_sent()
+        client.release(record.request_id)
+        if reason == protocol.FINISH_CLIENT_STALLED:
+            drop_connection(request)
+
+
+async def _reply(
+    request: web.Request,
+    record: RequestRecord,
+    stream: RequestStream,
+    reply: Reply,
+    traced: RequestSpan,
+) -> web.StreamResponse:
+    """Wait for the engine's first word; an early end is an HTTP error, else the reply runs."""
+    early = await stream.acknowledged()
+    if early is not None:
+        record.finish = early
+        error = finish_error(early, request.app[LINK].load())
+        if error is not None:
+            raise error
+    record.replied = True
+    ctx = ReplyContext(
+        record.request_id,
+        record.prompt_tokens,
+        record.generation.timeline,
+        request.app[LINK].load,
+        record.generation.stream,
+    )
+    with traced.step(request, "streaming"):
+        return await reply(request, stream, ctx)

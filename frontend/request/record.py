@@ -1,0 +1,81 @@
+"""One frontend request, from arrival to outcome: the record every part of the frontend reads.
+
+The pipeline makes it when a generation request arrives (minting the request id and taking the
+one arrival stamp), fills it in as the request goes (prompt length, admission figures, output as
+the reply takes it, how it ended), and the meter (``meters.RequestMeter``), the request's span
+and its ``request finished`` log line (``observe``) all read it: one TTFT, from one start stamp.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from tinyserve.frontend.request.generation import Generation
+from tinyserve.frontend.request.streams import Finish, Piece
+
+
+def new_request_id() -> str:
+    """The id of a new request: the only place one is made."""
+    return uuid.uuid4().hex
+
+
+@dataclass
+class RequestRecord:
+    """What the frontend knows about one request. ``finish`` is how it ended as the client
+    was told: the piece the reply took, or the engine's answer before acceptance."""
+
+    route: str  # the route pattern, a bounded label
+    generation: Generation  # sampling, tenant, priority as the engine gets them
+    request_id: str = field(default_factory=new_request_id)
+    arrival_ns: int = field(default_factory=time.monotonic_ns)
+    prompt_tokens: int = 0
+    admission: dict[str, Any] = field(default_factory=dict)
+    replied: bool = False  # the engine accepted it and the surface's reply took over
+    first_token_ns: int = 0  # when the reply took the first token; 0 before
+    last_token_ns: int = 0
+    token_gap_ns: int = 0  # between the last two pieces that carried tokens
+    generated: int = 0
+    finish: Finish | None = None
+    cancel_reason: str = ""  # the finish reason of a cancel the frontend sent, if any
+    status: int = 200
+    error: str | None = None
+
+    @classmethod
+    def of(cls, request: web.Request, generation: Generation) -> RequestRecord:
+        """The record of ``generation`` arriving now as ``request``."""
+        resource = request.match_info.route.resource
+        return cls(resource.canonical if resource is not None else request.path, generation)
+
+    def take(self, piece: Piece) -> None:
+        """A piece of output, as the reply takes it to write it out."""
+        now = time.monotonic_ns()
+        if piece.tokens:
+            self.token_gap_ns = now - self.last_token_ns if self.last_token_ns else 0
+            self.first_token_ns = self.first_token_ns or now
+            self.last_token_ns = now
+            self.generated += piece.tokens
+        if piece.finish is not None:
+            self.finish = piece.finish
+
+    @property
+    def replied_finish(self) -> Finish | None:
+        """The end the reply took; None when it ended before or without one."""
+        return self.finish if self.replied else None
+
+    @property
+    def ttft_ns(self) -> int | None:
+        """Arrival to the first token the reply took; None when none came."""
+        return self.first_token_ns - self.arrival_ns if self.first_token_ns else None
+
+    def ns_since_arrival(self, end_ns: int = 0) -> int:
+        """Nanoseconds from arrival to ``end_ns`` (now by default)."""
+        return (end_ns or time.monotonic_ns()) - self.arrival_ns
+
+    def ms_since_arrival(self, end_ns: int = 0) -> float:
+        """Milliseconds from arrival to ``end_ns`` (now by default), rounded to the microsecond."""
+        return round(self.ns_since_arrival(end_ns) / 1e6, 3)

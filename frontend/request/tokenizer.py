@@ -1,0 +1,161 @@
+"""Prompt tokenization with the model's own vocabulary, off the event loop.
+
+The only frontend module that imports ``llama_cpp``. The model is loaded ``vocab_only`` (no
+weights, a few MB) and every call runs in one dedicated thread: llama.cpp is not asked to be
+thread-safe, and a long prompt must not stall other requests' streams on the loop. The same
+load yields what chat templates need: the GGUF's template and the BOS/EOS token texts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from tinyserve.config import Config
+from tinyserve.frontend.http.api_errors import invalid
+from tinyserve.logs import fields
+from tinyserve.model import resolve_model_path
+
+log = logging.getLogger(__name__)
+
+CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
+
+
+@dataclass(frozen=True)
+class VocabFacts:
+    """What the model file says about its prompts, read once at load."""
+
+    model_path: Path
+    chat_template: str | None  # Jinja source from the GGUF metadata, None when it has none
+    bos_text: str
+    eos_text: str
+    adds_bos: bool  # tokenizing prepends BOS (the model's add_bos_token)
+
+
+@dataclass(frozen=True)
+class PromptPart:
+    """A run of a rendered prompt: the template's own ``markup`` (its control tokens are
+    meant), or text a client wrote (tokenized as plain text, whatever it spells)."""
+
+    text: str
+    markup: bool
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A rendered conversation, kept in parts so that a message can never smuggle the model's
+    control tokens (``<|im_start|>``…) into the prompt: only markup parts are parsed for them.
+
+    When a template alters the messages' text beyond trimming it (so the parts cannot be told
+    apart), the whole prompt is one markup part and ``unseparated`` holds the client texts,
+    which the tokenizer then refuses if they spell any control token.
+    """
+
+    parts: tuple[PromptPart, ...]
+    unseparated: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return "".join(part.text for part in self.parts)
+
+
+class Tokenizer:
+    """Tokenizes prompts in a single worker thread; create with ``await Tokenizer.load(...)``."""
+
+    def __init__(
+        self, llama: llama_cpp.Llama, executor: ThreadPoolExecutor, facts: VocabFacts
+    ) -> None:
+        self._llama = llama
+        self._executor = executor
+        self._bos = llama.token_bos()
+        self.facts = facts
+
+    @classmethod
+    async def load(cls, config: Config) -> Tokenizer:
+        """Load the configured model's vocabulary in the worker thread."""
+        path = resolve_model_path(config.model)
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+        loop = asyncio.get_running_loop()
+        try:
+            llama = await loop.run_in_executor(executor, _load_vocab, path)
+            facts = await loop.run_in_executor(executor, _facts_of, llama, path)
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        log.info("tokenizer loaded", extra=fields(model=str(path), n_vocab=llama.n_vocab()))
+        return cls(llama, executor, facts)
+
+    async def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text`` as the engine will see them: BOS added if the model's metadata
+        asks for it, special tokens in the text parsed as such (chat templates rely on it)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._tokenize, text)
+
+    async def tokenize_chat(self, prompt: ChatPrompt) -> list[int]:
+        """Token ids of a rendered conversation: control tokens only from the template's
+        markup, the messages' text as plain text (a 400 if that cannot be guaranteed)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._tokenize_chat, prompt)
+
+    async def token_pieces(self, token_ids: list[int]) -> list[bytes]:
+        """The bytes of each token on its own, special tokens spelled out (for logprobs)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._pieces, token_ids)
+
+    def close(self) -> None:
+        """Stop the worker thread (after any call in flight) and free the vocabulary."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._llama.close()
+
+    def _tokenize(self, text: str) -> list[int]:
+        return self._one_bos(self._ids(text, add_bos=True, special=True))
+
+    def _tokenize_chat(self, prompt: ChatPrompt) -> list[int]:
+        for text in prompt.unseparated:
+            if self._ids(text, add_bos=False, special=True) != self._ids(text, False, False):
+                raise invalid(
+                    "a message spells one of the model's control tokens, and this model's chat "
+                    "template alters message text, so it cannot be kept plain text",
+                    "messages",
+                )
+        ids: list[int] = []
+        for part in prompt.parts:
+            ids += self._ids(part.text, add_bos=not ids, special=part.markup)
+        return self._one_bos(ids)
+
+    def _ids(self, text: str, add_bos: bool, special: bool) -> list[int]:
+        return list(self._llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
+
+    def _one_bos(self, ids: list[int]) -> list[int]:
+        # A chat template that writes its own BOS, on a model whose tokenizer adds one too:
+        # two BOS tokens put the model off, so keep one.
+        if self.facts.adds_bos and ids[:2] == [self._bos, self._bos]:
+            del ids[0]
+        return ids
+
+    def _pieces(self, token_ids: list[int]) -> list[bytes]:
+        return [self._llama.detokenize([token], special=True) for token in token_ids]
+
+
+def _load_vocab(path: Path) -> llama_cpp.Llama:
+    return llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+
+
+def _facts_of(llama: llama_cpp.Llama, path: Path) -> VocabFacts:
+    def text(token: int) -> str:
+        return (
+            llama.detokenize([token], special=True).decode("utf-8", "replace") if token >= 0 else ""
+        )
+
+    return VocabFacts(
+        model_path=path,
+        chat_template=llama.metadata.get(CHAT_TEMPLATE_KEY) or None,
+        bos_text=text(llama.token_bos()),
+        eos_text=text(llama.token_eos()),
+        adds_bos=list(llama.tokenize(b"", add_bos=True)) == [llama.token_bos()],
+    )

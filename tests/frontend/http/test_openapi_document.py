@@ -1,0 +1,137 @@
+"""The OpenAPI document stays in sync with the routes, carries the node's limits, and
+describes the replies the server really sends."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema_rs
+import pytest
+from aiohttp.test_utils import TestClient
+
+from tests.frontend.harness import FakeEngine, accepted, with_logprobs
+from tinyserve import protocol
+from tinyserve.frontend.http.openapi_document import document
+
+Client = TestClient[Any, Any]
+CHAT = {"model": "fake", "messages": [{"role": "user", "content": "Hi"}]}
+COMPLETION = {"model": "fake", "prompt": "Hi"}
+
+
+def refs(node: Any) -> list[str]:
+    """Every ``$ref`` below ``node``."""
+    if isinstance(node, dict):
+        own = [node["$ref"]] if "$ref" in node else []
+        return own + [r for value in node.values() for r in refs(value)]
+    if isinstance(node, list):
+        return [r for item in node for r in refs(item)]
+    return []
+
+
+def assert_conforms(schema_name: str, instance: Any) -> None:
+    """``instance`` is valid by the served document's component ``schema_name``."""
+    root = {"$ref": f"#/components/schemas/{schema_name}", "components": DOC["components"]}
+    errors = [e.message for e in jsonschema_rs.validator_for(root).iter_errors(instance)]
+    assert not errors, (schema_name, instance, errors)
+
+
+DOC = document(256)  # the fixture config's --max-tokens-limit
+
+
+async def test_every_route_is_documented_and_nothing_else(client: Client) -> None:
+    routes = {
+        (route.method.lower(), route.resource.canonical)
+        for route in client.app.router.routes()
+        if route.resource is not None and route.method != "HEAD"  # aiohttp adds HEAD to GETs
+    }
+    documented = {(method, path) for path, item in document()["paths"].items() for method in item}
+    assert documented == routes
+
+
+async def test_served_document_is_the_document_of_the_node(client: Client) -> None:
+    response = await client.get("/openapi.json")
+    assert response.status == 200
+    assert await response.json() == DOC
+
+
+def test_every_reference_resolves() -> None:
+    names = {f"#/components/schemas/{name}" for name in DOC["components"]["schemas"]}
+    assert set(refs(DOC)) <= names
+
+
+@pytest.mark.parametrize(
+    ("schema", "fields"),
+    [
+        ("GenerateRequest", ["max_tokens"]),
+        ("CompletionRequest", ["max_tokens"]),
+        ("ChatCompletionRequest", ["max_tokens", "max_completion_tokens"]),
+    ],
+)
+def test_output_lengths_carry_the_node_limit(schema: str, fields: list[str]) -> None:
+    properties = DOC["components"]["schemas"][schema]["properties"]
+    for field in fields:
+        [bounded] = [s for s in properties[field]["anyOf"] if s.get("type") == "integer"]
+        assert (bounded["minimum"], bounded["maximum"]) == (1, 256)
+    assert "maximum" not in json.dumps(
+        document()["components"]["schemas"][schema]["properties"][fields[0]]
+    )
+
+
+def sse_payloads(body: bytes) -> list[Any]:
+    events = body.decode().split("\n\n")
+    return [json.loads(e.removeprefix("data: ")) for e in events[:-1] if e != "data: [DONE]"]
+
+
+GENERATION_CASES = [
+    ("/generate", {"prompt": "Hi"}, "GenerateReply", "GenerateEvent"),
+    ("/generate", {"prompt": "Hi", "timeline": True}, "GenerateReply", "GenerateEvent"),
+    ("/v1/completions", {**COMPLETION, "logprobs": 1}, "Completion", "CompletionChunk"),
+    ("/v1/completions", {**COMPLETION, "stream_options": {"include_usage": True}},
+     "Completion", "CompletionChunk"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 1}, "ChatCompletion",
+     "ChatCompletionChunk"),
+    ("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": True}},
+     "ChatCompletion", "ChatCompletionChunk"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "body", "whole", "event"), GENERATION_CASES)
+async def test_generation_replies_conform(
+    served: Client, engine: FakeEngine, path: str, body: dict[str, Any], whole: str, event: str
+) -> None:
+    engine.script = with_logprobs
+    stream = "stream_options" in body
+    if not stream:
+        reply = await served.post(path, json=body)
+        assert reply.status == 200
+        assert_conforms(whole, await reply.json())
+    reply = await served.post(path, json={**body, "stream": True})
+    assert reply.status == 200
+    payloads = sse_payloads(await reply.read())
+    assert len(payloads) >= 3
+    for payload in payloads:
+        assert_conforms(event, payload)
+
+
+async def test_other_replies_conform(served: Client) -> None:
+    for path, schema in [("/health", "Status"), ("/ready", "Status"), ("/v1/models", "ModelList")]:
+        reply = await served.get(path)
+        assert reply.status == 200
+        assert_conforms(schema, await reply.json())
+
+
+async def test_error_replies_conform(served: Client, engine: FakeEngine) -> None:
+    native = await served.post("/generate", json={"prompt": "Hi", "top_k": -1})
+    assert native.status == 400
+    assert_conforms("Error", await native.json())
+    openai = await served.post("/v1/completions", json={**COMPLETION, "n": 2})
+    assert openai.status == 400
+    assert_conforms("OpenAIError", await openai.json())
+    failure = {"finish_reason": protocol.FINISH_ERROR, "detail": "decode failed"}
+    engine.script = lambda submit: [[accepted()], [failure]]
+    failed = await served.post("/generate", json={"prompt": "Hi", "stream": True})
+    assert failed.status == 200
+    [event] = sse_payloads(await failed.read())
+    assert event["finish_reason"] == "error"
+    assert_conforms("GenerateEvent", event)

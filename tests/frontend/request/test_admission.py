@@ -1,0 +1,153 @@
+"""Admission math: never-fits 400, queue_full and kv_cache_full 503s, Retry-After from drain."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tinyserve import protocol
+from tinyserve.capacity import blocks_needed
+from tinyserve.frontend.request.admission import (
+    PRIOR_DRAIN_RATE,
+    RETRY_MAX_S,
+    RETRY_MIN_S,
+    Limits,
+    Load,
+    admit,
+    engine_rejection,
+    retry_after_s,
+)
+
+LIMITS = Limits(block_size=16, blocks_total=100, max_queue=8)
+
+
+def load(**changes: float) -> Load:
+    base = {"blocks_used": 0, "waiting": 0, "running": 0, "drain_rate": 2.0}
+    base.update(changes)
+    return Load(**base)  # type: ignore[arg-type]
+
+
+def test_admits_when_there_is_room() -> None:
+    assert admit(10, 6, LIMITS, load()) is None
+
+
+def test_never_fits_is_a_400() -> None:
+    # 100 blocks of 16 tokens = 1600 tokens; 1601 can never fit, however empty the engine.
+    rejection = admit(1000, 601, LIMITS, load())
+    assert rejection is not None
+    assert rejection.status == 400 and rejection.reason == protocol.REJECT_TOO_LONG
+    assert rejection.retry_after is None
+    assert admit(1000, 600, LIMITS, load()) is None
+
+
+def test_queue_full_counts_engine_waiting_and_pending() -> None:
+    assert admit(10, 6, LIMITS, load(waiting=4, pending_requests=3)) is None
+    rejection = admit(10, 6, LIMITS, load(waiting=4, pending_requests=4))
+    assert rejection is not None
+    assert (rejection.status, rejection.reason) == (503, protocol.REJECT_QUEUE_FULL)
+    assert rejection.retry_after is not None
+
+
+def test_requests_bound_for_free_slots_do_not_count_as_queued() -> None:
+    limits = Limits(block_size=16, blocks_total=100, max_queue=2, slots=4)
+    # 1 running, 3 slots free: 3 of the 4 pending go straight to a slot, 1 waits.
+    assert admit(10, 6, limits, load(running=1, pending_requests=4)) is None
+    assert admit(10, 6, limits, load(running=1, pending_requests=5)) is not None
+    assert admit(10, 6, limits, load(running=4, waiting=2)) is not None
+
+
+def test_kv_cache_full_counts_used_and_pending_blocks() -> None:
+    # need = 2 blocks; free = 100 - 90 - 8 = 2: fits. One more pending block: does not.
+    assert admit(16, 16, LIMITS, load(blocks_used=90, pending_blocks=8)) is None
+    rejection = admit(16, 16, LIMITS, load(blocks_used=90, pending_blocks=9, running=3))
+    assert rejection is not None
+    assert (rejection.status, rejection.reason) == (503, protocol.REJECT_KV_CACHE_FULL)
+    assert "1 are free" in rejection.message
+
+
+def test_queue_full_is_checked_before_kv() -> None:
+    rejection = admit(16, 16, LIMITS, load(blocks_used=100, waiting=8))
+    assert rejection is not None and rejection.reason == protocol.REJECT_QUEUE_FULL
+
+
+def test_draining_engine_takes_nothing() -> None:
+    rejection = admit(10, 6, LIMITS, load(draining=True))
+    assert rejection is not None
+    assert (rejection.status, rejection.reason) == (503, protocol.REJECT_DRAINING)
+
+
+def test_retry_after_follows_drain_rate() -> None:
+    assert retry_after_s(10, 2.0) == 5
+    assert retry_after_s(10, 0.5) == 20
+    assert retry_after_s(3, 2.0) == 2  # 1.5 s rounds up
+
+
+def test_retry_after_is_clamped() -> None:
+    assert retry_after_s(1, 100.0) == RETRY_MIN_S
+    assert retry_after_s(0, 5.0) == RETRY_MIN_S
+    assert retry_after_s(1000, 1.0) == RETRY_MAX_S
+
+
+def test_retry_after_without_a_drain_rate_assumes_the_prior() -> None:
+    # Nothing finished lately (cold start): still proportional to the queue ahead.
+    assert retry_after_s(1, 0.0) == 1
+    assert retry_after_s(7, 0.0) == round(7 / PRIOR_DRAIN_RATE)
+    assert retry_after_s(1000, 0.0) == RETRY_MAX_S
+
+
+def test_queue_full_retry_after_grows_with_the_queue_ahead() -> None:
+    fast = admit(10, 6, LIMITS, load(waiting=8, drain_rate=1.0))
+    long_queue = admit(10, 6, LIMITS, load(waiting=8, pending_requests=12, drain_rate=1.0))
+    slow = admit(10, 6, LIMITS, load(waiting=8, drain_rate=0.1))
+    assert fast is not None and long_queue is not None and slow is not None
+    assert fast.retry_after == 1  # one request must leave the queue, one finishes per second
+    assert long_queue.retry_after == 13
+    assert slow.retry_after == 10
+
+
+def test_kv_full_retry_after_counts_requests_that_must_finish() -> None:
+    # 4 running requests hold all 100 blocks (25 each). Needing 31 blocks with none free means
+    # two must finish; the 2 waiting ones are served first: 4 requests at 2 per second.
+    rejection = admit(16 * 30, 16, LIMITS, load(blocks_used=100, running=4, waiting=2))
+    assert rejection is not None and rejection.reason == protocol.REJECT_KV_CACHE_FULL
+    assert rejection.retry_after == 2
+
+
+def test_engine_rejections_map_to_status() -> None:
+    too_long = engine_rejection(protocol.REJECT_TOO_LONG, load())
+    assert (too_long.status, too_long.retry_after) == (400, None)
+    full = engine_rejection(protocol.REJECT_KV_CACHE_FULL, load(waiting=3, drain_rate=1.0))
+    assert (full.status, full.reason, full.retry_after) == (503, "kv_cache_full", 4)
+    draining = engine_rejection(protocol.REJECT_DRAINING, load())
+    assert (draining.status, draining.reason) == (503, "draining")
+
+
+@given(
+    prompt=st.integers(1, 4000),
+    max_tokens=st.integers(1, 4000),
+    used=st.integers(0, 100),
+    pending=st.integers(0, 100),
+    waiting=st.integers(0, 20),
+    rate=st.floats(0, 100),
+)
+def test_admitted_requests_fit(
+    prompt: int, max_tokens: int, used: int, pending: int, waiting: int, rate: float
+) -> None:
+    current = load(blocks_used=used, pending_blocks=pending, waiting=waiting, drain_rate=rate)
+    rejection = admit(prompt, max_tokens, LIMITS, current)
+    need = blocks_needed(prompt + max_tokens, LIMITS.block_size)
+    if rejection is None:
+        assert need <= LIMITS.blocks_total - used - pending
+        assert waiting < LIMITS.max_queue
+    elif rejection.status == 503:
+        assert rejection.retry_after is not None
+        assert RETRY_MIN_S <= rejection.retry_after <= RETRY_MAX_S
+    else:
+        assert need > LIMITS.blocks_total
+
+
+@pytest.mark.parametrize("rate", [0.25, 1.0, 4.0])
+def test_retry_after_is_monotonic_in_queue(rate: float) -> None:
+    values = [retry_after_s(n, rate) for n in range(0, 200)]
+    assert values == sorted(values)

@@ -1,0 +1,96 @@
+"""The frontend's finished-request log line and the timeline route, against the stand-in engine."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from tests.frontend.harness import MAX_QUEUE, FakeEngine, Tick, accepted
+from tinyserve import protocol
+from tinyserve.frontend.request.observe import LOG_FIELDS
+from tinyserve.logs import JsonFormatter
+
+Client = TestClient[Any, Any]
+TIMELINE = {"request_id": "x", "status": "finished", "slot": {"ms": 12.5}}
+
+
+def timed_script(submit: protocol.Submit) -> list[Tick]:
+    """Accept, two tokens, finish with a timeline, as the real engine always sends one."""
+    return [
+        [accepted()],
+        [{"token_ids": [1, 2], "text": b"Hi"}],
+        [
+            {
+                "token_ids": [3],
+                "text": b"!",
+                "finish_reason": protocol.FINISH_LENGTH,
+                "prompt_tokens": len(submit.prompt_ids),
+                "cached_tokens": 4,
+                "timeline": TIMELINE,
+            }
+        ],
+    ]
+
+
+def request_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    formatter = JsonFormatter("frontend")
+    return [
+        json.loads(formatter.format(r))
+        for r in caplog.records
+        if r.name == "tinyserve.requests" and r.getMessage() == "request finished"
+    ]
+
+
+async def test_finished_request_writes_one_json_line_with_every_field(
+    served: Client, engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine.script = timed_script
+    caplog.set_level(logging.INFO, logger="tinyserve.requests")
+    body = {"prompt": "hello there", "max_tokens": 3, "tenant": "team-a", "priority": 2}
+    response = await served.post("/generate", json=body)
+    assert response.status == 200
+    reply = await response.json()
+    (line,) = request_lines(caplog)
+    assert set(LOG_FIELDS) <= set(line)
+    submit = engine.submits[-1]
+    assert line["request_id"] == reply["id"] == submit.request_id
+    assert (line["tenant"], line["priority"], line["route"]) == ("team-a", 2, "/generate")
+    assert (line["status"], line["finish_reason"], line["error"]) == (200, "length", None)
+    assert line["prompt_tokens"] == len(submit.prompt_ids)
+    assert (line["cached_tokens"], line["generated_tokens"]) == (4, 3)
+    assert line["queue_ms"] == 12.5  # the engine's timeline: arrival to slot grant
+    assert 0 < line["ttft_ms"] <= line["total_ms"]
+    assert line["level"] == "info" and line["process"] == "frontend"
+
+
+async def test_rejected_request_is_logged_with_its_status_and_reason(
+    served: Client, engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tinyserve.requests")
+    engine.publish_load(waiting=MAX_QUEUE + 4, running=4)
+    response = await served.post("/generate", json={"prompt": "hi"})
+    assert response.status == 503
+    (line,) = request_lines(caplog)
+    assert (line["status"], line["error"], line["finish_reason"]) == (503, "queue_full", None)
+    assert line["generated_tokens"] == 0 and line["ttft_ms"] is None
+
+
+async def test_admission_figures_travel_in_the_submit(served: Client, engine: FakeEngine) -> None:
+    engine.publish_load(waiting=1, running=2, blocks_used=5)
+    assert (await served.post("/generate", json={"prompt": "hi", "max_tokens": 4})).status == 200
+    admission = engine.submits[-1].admission
+    assert admission["decision"] == "admitted"
+    assert (admission["waiting"], admission["running"], admission["blocks_used"]) == (1, 2, 5)
+    assert admission["blocks_needed"] >= 1 and admission["ms"] >= 0
+
+
+async def test_timeline_query_the_engine_does_not_answer_is_503(served: Client) -> None:
+    # The stand-in engine ignores TimelineQuery: the frontend must not wait forever.
+    response = await served.get("/v1/requests/abc")
+    assert response.status == 503
+    error = (await response.json())["error"]
+    assert error["code"] == "engine_unavailable"

@@ -1,0 +1,56 @@
+"""RequestRecord: one id, one arrival stamp, the output as the reply takes it, one TTFT."""
+
+from __future__ import annotations
+
+import time
+
+from tinyserve import protocol
+from tinyserve.frontend.request.generation import Generation
+from tinyserve.frontend.request.record import RequestRecord
+from tinyserve.frontend.request.streams import Finish, Piece
+
+
+def record() -> RequestRecord:
+    return RequestRecord("/generate", Generation("hi", 4, protocol.SamplingParams(seed=3)))
+
+
+def test_each_record_mints_its_own_id_and_stamps_its_arrival() -> None:
+    before = time.monotonic_ns()
+    first, second = record(), record()
+    assert first.request_id != second.request_id and len(first.request_id) == 32
+    assert before <= first.arrival_ns <= second.arrival_ns <= time.monotonic_ns()
+    assert first.generation.sampling.seed == 3
+
+
+def test_ttft_is_arrival_to_the_first_piece_with_tokens() -> None:
+    rec = record()
+    rec.take(Piece(""))  # no tokens (a partial character): not the first token
+    assert rec.ttft_ns is None and rec.generated == 0
+    rec.take(Piece("a", tokens=1))
+    ttft = rec.ttft_ns
+    assert ttft is not None and ttft == rec.first_token_ns - rec.arrival_ns > 0
+    assert rec.token_gap_ns == 0
+    rec.take(Piece("bc", tokens=2))
+    assert rec.ttft_ns == ttft  # later pieces leave it alone
+    assert rec.token_gap_ns == rec.last_token_ns - rec.first_token_ns > 0
+    assert rec.generated == 3
+
+
+def test_finish_taken_by_the_reply_is_the_replied_finish() -> None:
+    rec = record()
+    rec.replied = True
+    rec.take(Piece("", finish=Finish(protocol.FINISH_LENGTH, prompt_tokens=2)))
+    assert rec.replied_finish is rec.finish and rec.finish is not None
+    assert rec.finish.reason == protocol.FINISH_LENGTH
+
+
+def test_an_end_before_acceptance_is_the_outcome_but_no_replied_finish() -> None:
+    rec = record()
+    rec.finish = Finish(protocol.FINISH_REJECTED, "kv_cache_full")
+    assert rec.replied_finish is None
+
+
+def test_time_since_arrival_grows() -> None:
+    rec = record()
+    assert rec.ms_since_arrival(rec.arrival_ns + 1_500_000) == 1.5
+    assert rec.ns_since_arrival() > 0
