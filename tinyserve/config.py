@@ -162,8 +162,6 @@ OPTIONS: tuple[Option, ...] = (
     Option("restart_interval", _positive(float), 120.0, "seconds --restart-limit spans", _SRV),
 )
 
-OPTION_BY_NAME = {opt.name: opt for opt in OPTIONS}
-
 
 @dataclass(frozen=True)
 class Config:

@@ -113,10 +113,6 @@ class EngineClient:
         waiting = [s for s in self._streams.values() if s.pending]
         return sum(s.blocks for s in waiting), len(waiting)
 
-    def streams(self) -> list[RequestStream]:
-        """The live request streams."""
-        return list(self._streams.values())
-
     @property
     def in_flight(self) -> int:
         """Requests with a live stream (sent, handler not finished)."""

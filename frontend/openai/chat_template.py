@@ -25,7 +25,6 @@ from tinyserve.frontend.request.tokenizer import ChatPrompt, PromptPart, VocabFa
 
 log = logging.getLogger(__name__)
 
-ROLES = ("system", "user", "assistant")
 # Stands in for the k-th text a client wrote (a content or a name) in a second render that
 # holds no client text at all, so every mark found in it is ours (see ``_fill``).
 _MARK = "\x00tinyserve-text-{}\x00"
@@ -92,11 +91,6 @@ class ChatTemplate:
     def of_model(cls, facts: VocabFacts) -> ChatTemplate:
         """The template in the model file the tokenizer loaded."""
         return cls(facts.chat_template, facts.bos_text, facts.eos_text)
-
-    @property
-    def available(self) -> bool:
-        """Whether chat requests can be served."""
-        return self._template is not None
 
     def render(
         self,

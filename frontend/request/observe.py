@@ -3,9 +3,9 @@
 ``observe`` wraps the pipeline of one request. It starts the request's server span (a child of
 an incoming ``traceparent``, when there is one), hands out child spans for the pipeline's steps
 (admission, streaming), and when the request is over ends the span (error status for a 5xx or
-an engine failure), writes one log line, ``request finished``, with the fields ``LOG_FIELDS``
-lists, and tells ``on_end`` (the request's meter) the status. With tracing off no span object
-is ever made.
+an engine failure), writes one log line, ``request finished``, with the fields ``log_fields``
+gives (``docs/observability.md`` lists them), and tells ``on_end`` (the request's meter) the
+status. With tracing off no span object is ever made.
 """
 
 from __future__ import annotations
@@ -32,10 +32,6 @@ from tinyserve.tracing import extract, inject
 log = logging.getLogger("tinyserve.requests")
 
 CLIENT_CLOSED_ERROR = "client_closed"
-LOG_FIELDS = (
-    "request_id", "route", "tenant", "priority", "status", "finish_reason", "error",
-    "prompt_tokens", "cached_tokens", "generated_tokens", "queue_ms", "ttft_ms", "total_ms",
-)  # fmt: skip
 _TRACE_HEADERS = ("traceparent", "tracestate")
 # Endings that mark the request span with an error status even under a 200 (a stream's
 # status is sent before its end is known).
@@ -89,7 +85,7 @@ def admission_figures(
 
 
 def log_fields(record: RequestRecord) -> dict[str, Any]:
-    """The ``request finished`` line's fields (``LOG_FIELDS``)."""
+    """The ``request finished`` line's fields."""
     finish = record.finish
     timeline = finish.timeline if finish is not None else None
     ttft = record.ttft_ns

@@ -62,7 +62,6 @@ class RequestStream:
         self._merged: _Merged | None = None  # updates delivered, not yet taken by pieces()
         self._failure: Finish | None = None  # a made-up end, after whatever is merged
         self._ready = asyncio.Event()  # something to take
-        self.most_merged = 0  # the most updates one piece had to carry (slow-reader figure)
         self.on_piece: Callable[[Piece], None] | None = None  # sees each piece as it is taken
         self._acknowledged = asyncio.Event()
         self._early_finish: Finish | None = None
@@ -95,7 +94,6 @@ class RequestStream:
         if self._merged is None:
             self._merged = _Merged()
         self._merged.add(update)
-        self.most_merged = max(self.most_merged, self._merged.updates)
         self._ready.set()
         if self.accepted or self._closed:
             self._acknowledged.set()

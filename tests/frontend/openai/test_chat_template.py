@@ -57,13 +57,11 @@ def test_template_refusal_is_a_400() -> None:
 
 def test_model_without_template() -> None:
     template = ChatTemplate(None)
-    assert not template.available
     assert "no chat template" in refused(template, CONVERSATION).message
 
 
 def test_template_that_does_not_compile() -> None:
     template = ChatTemplate("{% for %}")
-    assert not template.available
     assert "does not compile" in refused(template, CONVERSATION).message
 
 
@@ -87,7 +85,6 @@ def test_tojson_is_plain_json() -> None:
 
 async def test_default_model_template(tokenizer: Tokenizer) -> None:
     template = ChatTemplate.of_model(tokenizer.facts)
-    assert template.available
     prompt = template.render([ChatMessage("user", "What is the capital of Germany?")])
     assert prompt.text.endswith("<|im_end|>\n<|im_start|>assistant\n")
     ids = await tokenizer.tokenize_chat(prompt)

@@ -11,11 +11,15 @@ from aiohttp.test_utils import TestClient
 
 from tests.frontend.harness import MAX_QUEUE, FakeEngine, Tick, accepted
 from tinyserve import protocol
-from tinyserve.frontend.request.observe import LOG_FIELDS
 from tinyserve.logs import JsonFormatter
 
 Client = TestClient[Any, Any]
 TIMELINE = {"request_id": "x", "status": "finished", "slot": {"ms": 12.5}}
+# The ``request finished`` line's fields (docs/observability.md).
+LOG_FIELDS = (
+    "request_id", "route", "tenant", "priority", "status", "finish_reason", "error",
+    "prompt_tokens", "cached_tokens", "generated_tokens", "queue_ms", "ttft_ms", "total_ms",
+)  # fmt: skip
 
 
 def timed_script(submit: protocol.Submit) -> list[Tick]:
