@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
@@ -40,32 +40,26 @@ FAILED_FINISHES = frozenset(
 )
 
 
-@dataclass
-class RequestSpan:
-    """The request's server span (None with tracing off) and the child spans of its steps."""
+def trace_context(record: RequestRecord) -> dict[str, str]:
+    """The W3C context to send with the request so engine spans join its trace."""
+    return inject(record.span) if record.span is not None else {}
 
-    span: Span | None
 
-    @property
-    def trace_context(self) -> dict[str, str]:
-        """The W3C context to send with the request so engine spans join this trace."""
-        return inject(self.span) if self.span is not None else {}
-
-    @contextlib.contextmanager
-    def step(self, request: web.Request, name: str) -> Iterator[None]:
-        """A child span of the request span around one step (nothing when tracing is off)."""
-        tracer = request.app[TRACING].tracer
-        if tracer is None or self.span is None:
+@contextlib.contextmanager
+def step(request: web.Request, record: RequestRecord, name: str) -> Iterator[None]:
+    """A child span of the request's span around one step (nothing when tracing is off)."""
+    tracer = request.app[TRACING].tracer
+    if tracer is None or record.span is None:
+        yield
+        return
+    with tracer.start_as_current_span(
+        name, context=set_span_in_context(record.span), record_exception=False
+    ) as span:
+        try:
             yield
-            return
-        with tracer.start_as_current_span(
-            name, context=set_span_in_context(self.span), record_exception=False
-        ) as span:
-            try:
-                yield
-            except ApiError as exc:
-                span.set_status(Status(StatusCode.ERROR, exc.reason or exc.type))
-                raise
+        except ApiError as exc:
+            span.set_status(Status(StatusCode.ERROR, exc.reason or exc.type))
+            raise
 
 
 def admission_figures(
@@ -109,12 +103,12 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
 @contextlib.contextmanager
 def observe(
     request: web.Request, record: RequestRecord, on_end: Callable[[int | None], None]
-) -> Iterator[RequestSpan]:
+) -> Iterator[None]:
     """Span and log line of one request around the pipeline that serves it; ``on_end`` gets
     the HTTP status sent, or None when the client went away first."""
-    traced = RequestSpan(_start_span(request, record))
+    record.span = _start_span(request, record)
     try:
-        yield traced
+        yield
     except ApiError as exc:
         record.status, record.error = exc.status, exc.reason or exc.type
         raise
@@ -127,8 +121,8 @@ def observe(
     finally:
         line = log_fields(record)
         log.info("request finished", extra=fields(**line))
-        if traced.span is not None:
-            _end_span(traced.span, line)
+        if record.span is not None:
+            _end_span(record.span, line)
         on_end(None if record.error == CLIENT_CLOSED_ERROR else record.status)
 
 

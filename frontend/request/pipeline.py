@@ -9,7 +9,6 @@ an error. ``/generate`` and the OpenAI routes differ only in how they parse and 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -22,7 +21,7 @@ from tinyserve.frontend.link.engine_client import EngineUnreachable
 from tinyserve.frontend.request import admission
 from tinyserve.frontend.request.generation import Generation, check_prompt_fits, check_token_ids
 from tinyserve.frontend.request.meters import RequestMeter, count_rejection
-from tinyserve.frontend.request.observe import RequestSpan, admission_figures, observe
+from tinyserve.frontend.request.observe import admission_figures, observe, step, trace_context
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.reply_common import (
     Reply,
@@ -37,19 +36,6 @@ from tinyserve.logs import fields
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Watchers:
-    """What reads a request's record as it goes: its spans and its meter."""
-
-    traced: RequestSpan
-    meter: RequestMeter
-
-    def take(self, piece: Piece) -> None:
-        """The reply takes ``piece``: into the record, then the meter reads it."""
-        self.meter.record.take(piece)
-        self.meter.took(piece)
-
-
 async def run(
     request: web.Request,
     req: Generation,
@@ -60,8 +46,8 @@ async def run(
     is what its span, its ``request finished`` log line and its metrics read."""
     record = RequestRecord.of(request, req)
     meter = RequestMeter(request.app[METRICS], record)
-    with observe(request, record, meter.end) as traced:
-        response = await _run(request, record, reply, prompt_ids, Watchers(traced, meter))
+    with observe(request, record, meter.end):
+        response = await _run(request, record, reply, prompt_ids, meter)
         record.status = response.status
         return response
 
@@ -71,7 +57,7 @@ async def _run(
     record: RequestRecord,
     reply: Reply,
     prompt_ids: list[int] | None,
-    watchers: Watchers,
+    meter: RequestMeter,
 ) -> web.StreamResponse:
     app, req = request.app, record.generation
     ack = app[LINK].ack
@@ -84,11 +70,11 @@ async def _run(
     check_prompt_limit(len(prompt_ids), app[CONFIG].max_prompt_tokens)
     check_prompt_fits(len(prompt_ids), req.max_tokens, ack.n_ctx)
     record.prompt_tokens = len(prompt_ids)
-    with watchers.traced.step(request, "admission"):
+    with step(request, record, "admission"):
         blocks = _admit(request, record)
-    submit = _submit_message(record, prompt_ids, app[CLIENT].frontend_id, watchers.traced)
+    submit = _submit_message(record, prompt_ids, app[CLIENT].frontend_id)
     try:
-        return await _forward(request, record, submit, blocks, reply, watchers)
+        return await _forward(request, record, submit, blocks, reply, meter)
     except ApiError as exc:
         exc.request_id = record.request_id
         raise
@@ -111,7 +97,7 @@ def _admit(request: web.Request, record: RequestRecord) -> int:
 
 
 def _submit_message(
-    record: RequestRecord, prompt_ids: list[int], frontend_id: str, traced: RequestSpan
+    record: RequestRecord, prompt_ids: list[int], frontend_id: str
 ) -> protocol.Submit:
     req = record.generation
     return protocol.Submit(
@@ -123,7 +109,7 @@ def _submit_message(
         priority=req.priority,
         tenant=req.tenant,
         arrival_ns=record.arrival_ns,
-        trace_context=traced.trace_context,
+        trace_context=trace_context(record),
         admission=record.admission,
     )
 
@@ -134,7 +120,7 @@ async def _forward(
     submit: protocol.Submit,
     blocks: int,
     reply: Reply,
-    watchers: Watchers,
+    meter: RequestMeter,
 ) -> web.StreamResponse:
     """Send the request, reply from its stream, and make sure it does not outlive the handler."""
     client, link = request.app[CLIENT], request.app[LINK]
@@ -143,10 +129,15 @@ async def _forward(
     except EngineUnreachable as exc:
         raise engine_unavailable() from exc
     link.publish()
-    stream.on_piece = watchers.take
+
+    def took(piece: Piece) -> None:  # as the reply takes each piece: the record, then the meter
+        record.take(piece)
+        meter.took(piece)
+
+    stream.on_piece = took
     reason = protocol.FINISH_CANCELLED
     try:
-        return await _reply(request, record, stream, reply, watchers.traced)
+        return await _reply(request, record, stream, reply)
     except ClientStalled as stalled:
         reason = protocol.FINISH_CLIENT_STALLED
         log.warning("client stopped reading", extra=fields(request_id=record.request_id))
@@ -157,7 +148,7 @@ async def _forward(
         if not stream.engine_finished:
             client.cancel(record.request_id, reason)
             record.cancel_reason = reason
-            watchers.meter.cancel_sent()
+            meter.cancel_sent()
         client.release(record.request_id)
         if reason == protocol.FINISH_CLIENT_STALLED:
             drop_connection(request)
@@ -168,7 +159,6 @@ async def _reply(
     record: RequestRecord,
     stream: RequestStream,
     reply: Reply,
-    traced: RequestSpan,
 ) -> web.StreamResponse:
     """Wait for the engine's first word; an early end is an HTTP error, else the reply runs."""
     early = await stream.acknowledged()
@@ -185,5 +175,5 @@ async def _reply(
         request.app[LINK].load,
         record.generation.stream,
     )
-    with traced.step(request, "streaming"):
+    with step(request, record, "streaming"):
         return await reply(request, stream, ctx)

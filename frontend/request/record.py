@@ -3,7 +3,8 @@
 The pipeline makes it when a generation request arrives (minting the request id and taking the
 one arrival stamp), fills it in as the request goes (prompt length, admission figures, output as
 the reply takes it, how it ended), and the meter (``meters.RequestMeter``), the request's span
-and its ``request finished`` log line (``observe``) all read it: one TTFT, from one start stamp.
+and its ``request finished`` log line (``observe``, which also keeps the request's span in it)
+all read it: one TTFT, from one start stamp.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from opentelemetry.trace import Span
 
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.streams import Finish, Piece
@@ -44,6 +46,7 @@ class RequestRecord:
     cancel_reason: str = ""  # the finish reason of a cancel the frontend sent, if any
     status: int = 200
     error: str | None = None
+    span: Span | None = None  # the request's server span; None with tracing off
 
     @classmethod
     def of(cls, request: web.Request, generation: Generation) -> RequestRecord:
