@@ -290,15 +290,17 @@ class EngineProcess:
             self._reap_frontends()
 
     def _reap_frontends(self) -> None:
-        """Cancel the work of frontends whose process is gone and free their board slots."""
+        """Cancel the work of frontends whose process is gone, free their board slots, and
+        drop the live gauges of every dead process of the node."""
         for slot in self.board.frontend_slots():
             if not pid_alive(slot.pid):
                 self.board.release_slot(slot.index, slot.pid)
-                self.meter.metrics.forget_process(slot.pid)
+        # NOTE: by the metrics files, not only the frontends we know: one that died before
+        # greeting this engine (killed while it restarted) has gauges but no Hello here.
+        metrics.forget_dead(self.meter.metrics.directory)
         for frontend_id, pid in list(self.frontends.items()):
             if not pid_alive(pid):
                 del self.frontends[frontend_id]
-                self.meter.metrics.forget_process(pid)
                 cancelled = self.core.cancel_frontend(frontend_id)
                 log.warning(
                     "frontend gone", extra=fields(frontend=frontend_id, cancelled=cancelled)

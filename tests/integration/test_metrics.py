@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -204,6 +206,27 @@ async def test_dead_processes_leave_gauges_but_keep_their_counts(tmp_path: Path)
 
         # A frontend dies: the engine reaps it and its engine_up series goes.
         node.fronts[1].kill9()
+        await scrape_until(url, lambda f: set(up_by_pid(f)) == {fronts[0]}, "frontend 1 gone")
+    finally:
+        node.stop()
+
+
+async def test_frontend_that_dies_before_greeting_a_new_engine_loses_its_gauges(
+    tmp_path: Path,
+) -> None:
+    """The race behind one CI failure: a frontend killed after a new engine started but before
+    its Hello reached it. Stopped (SIGSTOP) across the restart, it cannot greet in time."""
+    node = UnitNode(tmp_path, 2, engine_flags=("--slots", "2")).start()
+    url = node.urls[0]
+    fronts = [front.pid for front in node.fronts]
+    try:
+        await scrape_until(url, lambda f: set(up_by_pid(f)) == set(fronts), "both frontends up")
+        node.engine.kill9()
+        os.kill(fronts[1], signal.SIGSTOP)
+        node.engine.start().wait_for("READY=1")
+        await scrape_until(url, lambda f: get(f, "tinyserve_engine_up", pid=str(fronts[0])) == 1,
+                           "engine up again")  # fmt: skip
+        node.fronts[1].kill9()  # SIGKILL ends a stopped process too
         await scrape_until(url, lambda f: set(up_by_pid(f)) == {fronts[0]}, "frontend 1 gone")
     finally:
         node.stop()
