@@ -13,6 +13,7 @@ from typing import Any, cast
 from aiohttp import web
 
 from tinyserve.frontend.http.api_errors import INTERNAL_ERROR
+from tinyserve.frontend.http.appkeys import LINK
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import ErrorDetail
 from tinyserve.frontend.models.native import (
@@ -22,8 +23,10 @@ from tinyserve.frontend.models.native import (
     NativeFinishReason,
     NativeUsage,
 )
+from tinyserve.frontend.request.admission import Load
+from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.reply_common import (
-    ReplyContext,
+    LoadNow,
     collect,
     finish_error,
     sse_event,
@@ -33,52 +36,54 @@ from tinyserve.frontend.request.streams import Finish, RequestStream
 
 
 async def native_reply(
-    request: web.Request, stream: RequestStream, ctx: ReplyContext
+    request: web.Request, stream: RequestStream, record: RequestRecord
 ) -> web.StreamResponse:
     """``/generate``'s reply: SSE or one JSON object, as the request asked."""
-    if ctx.stream:
-        return await write_sse(request, ctx.request_id, _NativeEvents(stream, ctx))
-    return await json_reply(stream, ctx)
+    load = request.app[LINK].load
+    if record.generation.stream:
+        return await write_sse(request, record.request_id, _NativeEvents(stream, record, load))
+    return await json_reply(stream, record, load)
 
 
-async def json_reply(stream: RequestStream, ctx: ReplyContext) -> web.Response:
+async def json_reply(stream: RequestStream, record: RequestRecord, load: LoadNow) -> web.Response:
     """Wait for the whole output; reply 200 with it, or with the error the finish maps to."""
     output = await collect(stream)
-    error = finish_error(output.finish, ctx.load())
+    error = finish_error(output.finish, load())
     if error is not None:
-        error.request_id = ctx.request_id
+        error.request_id = record.request_id
         return error.response()
-    reply = _reply(ctx, output.finish, output.tokens, output.text)
-    return json_response(reply, headers={"X-Request-Id": ctx.request_id})
+    reply = _reply(record, output.finish, output.tokens, output.text)
+    return json_response(reply, headers={"X-Request-Id": record.request_id})
 
 
 class _NativeEvents:
     """Text deltas as they are decoded, then the one final event."""
 
-    def __init__(self, stream: RequestStream, ctx: ReplyContext) -> None:
+    def __init__(self, stream: RequestStream, record: RequestRecord, load: LoadNow) -> None:
         self._stream = stream
-        self._ctx = ctx
+        self._record = record
+        self._load = load
         self._tokens = 0
         self._final_sent = False
 
     async def events(self) -> AsyncGenerator[bytes, None]:
-        ctx = self._ctx
+        record = self._record
         async for piece in self._stream.pieces():
             self._tokens += piece.tokens
             if piece.text:
-                yield sse_event(GenerateDelta(id=ctx.request_id, text=piece.text))
+                yield sse_event(GenerateDelta(id=record.request_id, text=piece.text))
             if piece.finish is not None:
-                yield sse_event(_final_event(ctx, piece.finish, self._tokens))
+                yield sse_event(_final_event(record, piece.finish, self._tokens, self._load()))
                 self._final_sent = True  # resumed only once the final event was written
 
     def failure_events(self) -> list[bytes]:
         if self._final_sent:
             return []
         event = GenerateFailure(
-            id=self._ctx.request_id,
+            id=self._record.request_id,
             error=ErrorDetail(type=INTERNAL_ERROR, message="internal server error"),
             usage=NativeUsage(
-                prompt_tokens=self._ctx.prompt_tokens,
+                prompt_tokens=self._record.prompt_tokens,
                 completion_tokens=self._tokens,
                 cached_tokens=0,
             ),
@@ -86,35 +91,37 @@ class _NativeEvents:
         return [sse_event(event)]
 
 
-def _final_event(ctx: ReplyContext, finish: Finish, tokens: int) -> GenerateReply | GenerateFailure:
-    error = finish_error(finish, ctx.load())
+def _final_event(
+    record: RequestRecord, finish: Finish, tokens: int, load: Load | None
+) -> GenerateReply | GenerateFailure:
+    error = finish_error(finish, load)
     if error is None:
-        return _reply(ctx, finish, tokens, "")
+        return _reply(record, finish, tokens, "")
     return GenerateFailure(
-        id=ctx.request_id,
+        id=record.request_id,
         error=error.body().error,
-        usage=_usage(ctx, finish, tokens),
-        timeline=_timeline(ctx, finish),
+        usage=_usage(record, finish, tokens),
+        timeline=_timeline(record, finish),
     )
 
 
-def _reply(ctx: ReplyContext, finish: Finish, tokens: int, text: str) -> GenerateReply:
+def _reply(record: RequestRecord, finish: Finish, tokens: int, text: str) -> GenerateReply:
     return GenerateReply(
-        id=ctx.request_id,
+        id=record.request_id,
         text=text,
         finish_reason=cast(NativeFinishReason, finish.reason),  # errors went another way
-        usage=_usage(ctx, finish, tokens),
-        timeline=_timeline(ctx, finish),
+        usage=_usage(record, finish, tokens),
+        timeline=_timeline(record, finish),
     )
 
 
-def _usage(ctx: ReplyContext, finish: Finish, completion_tokens: int) -> NativeUsage:
+def _usage(record: RequestRecord, finish: Finish, completion_tokens: int) -> NativeUsage:
     return NativeUsage(
-        prompt_tokens=ctx.prompt_tokens_of(finish),
+        prompt_tokens=record.prompt_tokens_of(finish),
         completion_tokens=completion_tokens,
         cached_tokens=finish.cached_tokens,
     )
 
 
-def _timeline(ctx: ReplyContext, finish: Finish) -> dict[str, Any] | None:
-    return finish.timeline if ctx.want_timeline else None
+def _timeline(record: RequestRecord, finish: Finish) -> dict[str, Any] | None:
+    return finish.timeline if record.generation.timeline else None

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from tinyserve import protocol
 from tinyserve.frontend.http.api_errors import INTERNAL_ERROR, ApiError, unavailable
+from tinyserve.frontend.http.appkeys import LINK
 from tinyserve.frontend.models.common import json_response, to_json
 from tinyserve.frontend.models.openai_reply_bodies import (
     AssistantMessage,
@@ -46,8 +47,9 @@ from tinyserve.frontend.openai.openai_logprobs import (
 )
 from tinyserve.frontend.request import admission
 from tinyserve.frontend.request.admission import Load
+from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.reply_common import (
-    ReplyContext,
+    LoadNow,
     collect,
     finish_error,
     sse_event,
@@ -103,22 +105,25 @@ class OpenAIReply:
         self.created = int(time.time())
 
     async def __call__(
-        self, request: web.Request, stream: RequestStream, ctx: ReplyContext
+        self, request: web.Request, stream: RequestStream, record: RequestRecord
     ) -> web.StreamResponse:
-        if ctx.stream:
-            return await write_sse(request, ctx.request_id, _Events(self, stream, ctx))
-        return await self._json(stream, ctx)
+        load = request.app[LINK].load
+        if record.generation.stream:
+            return await write_sse(request, record.request_id, _Events(self, stream, record, load))
+        return await self._json(stream, record, load)
 
-    async def _json(self, stream: RequestStream, ctx: ReplyContext) -> web.Response:
+    async def _json(
+        self, stream: RequestStream, record: RequestRecord, load: LoadNow
+    ) -> web.Response:
         output = await collect(stream)
-        error = openai_finish_error(output.finish, ctx.load())
+        error = openai_finish_error(output.finish, load())
         if error is not None:
-            error.request_id = ctx.request_id
+            error.request_id = record.request_id
             return error.response(openai=True)
         tokens = await self.logprobs_of(output.token_ids, output.logprobs)
         reason = FINISH_REASONS.get(output.finish.reason, "stop")
-        envelope = self.envelope(ctx)
-        total = usage(ctx, output.finish, output.tokens)
+        envelope = self.envelope(record)
+        total = usage(record, output.finish, output.tokens)
         body: Completion | ChatCompletion
         if self.surface.chat:
             logprobs = None if tokens is None else chat_logprobs(tokens)
@@ -130,11 +135,11 @@ class OpenAIReply:
             text = output.text
             one = CompletionChoice(text=text, logprobs=text_logprobs, finish_reason=reason)
             body = Completion(**envelope, choices=[one], usage=total)
-        return json_response(body, headers={"X-Request-Id": ctx.request_id})
+        return json_response(body, headers={"X-Request-Id": record.request_id})
 
-    def envelope(self, ctx: ReplyContext) -> dict[str, Any]:
+    def envelope(self, record: RequestRecord) -> dict[str, Any]:
         """The fields every reply and chunk carries around its choices."""
-        return {"id": self.surface.id_prefix + ctx.request_id, "created": self.created,
+        return {"id": self.surface.id_prefix + record.request_id, "created": self.created,
                 "model": self.model}  # fmt: skip
 
     async def logprobs_of(
@@ -147,7 +152,7 @@ class OpenAIReply:
 
     def chunk(
         self,
-        ctx: ReplyContext,
+        record: RequestRecord,
         text: str | None,
         tokens: list[TokenLogprob] | None,
         reason: FinishReason | None,
@@ -161,28 +166,28 @@ class OpenAIReply:
             delta = ChatDelta(role="assistant" if first else None, content=text)
             logprobs = None if tokens is None else chat_logprobs(tokens)
             choice = ChatChunkChoice(delta=delta, logprobs=logprobs, finish_reason=reason)
-            body = ChatCompletionChunk(**self.envelope(ctx), choices=[choice])
+            body = ChatCompletionChunk(**self.envelope(record), choices=[choice])
         else:
             text_logprobs = None if tokens is None else completion_logprobs(tokens, text_offset)
             one = CompletionChunkChoice(
                 text=text or "", logprobs=text_logprobs, finish_reason=reason
             )
-            body = CompletionChunk(**self.envelope(ctx), choices=[one])
+            body = CompletionChunk(**self.envelope(record), choices=[one])
         return self.chunk_event(body)
 
-    def usage_chunk(self, ctx: ReplyContext, total: Usage) -> bytes:
+    def usage_chunk(self, record: RequestRecord, total: Usage) -> bytes:
         """The chunk after the finish that carries the usage."""
         chunk = ChatCompletionChunk if self.surface.chat else CompletionChunk
-        return self.chunk_event(chunk(**self.envelope(ctx), choices=[], usage=total))
+        return self.chunk_event(chunk(**self.envelope(record), choices=[], usage=total))
 
     def chunk_event(self, body: Chunk) -> bytes:
         """As OpenAI: with ``include_usage`` every chunk has a usage, null but on the last."""
         return sse_event(to_json(body, exclude=None if self.include_usage else {"usage"}))
 
 
-def usage(ctx: ReplyContext, finish: Finish, completion_tokens: int) -> Usage:
+def usage(record: RequestRecord, finish: Finish, completion_tokens: int) -> Usage:
     """OpenAI's usage object; ``cached_tokens`` counts prompt tokens the prefix cache served."""
-    prompt_tokens = ctx.prompt_tokens_of(finish)
+    prompt_tokens = record.prompt_tokens_of(finish)
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
@@ -194,10 +199,13 @@ def usage(ctx: ReplyContext, finish: Finish, completion_tokens: int) -> Usage:
 class _Events:
     """The chunks of one streamed reply."""
 
-    def __init__(self, reply: OpenAIReply, stream: RequestStream, ctx: ReplyContext) -> None:
+    def __init__(
+        self, reply: OpenAIReply, stream: RequestStream, record: RequestRecord, load: LoadNow
+    ) -> None:
         self._reply = reply
         self._stream = stream
-        self._ctx = ctx
+        self._record = record
+        self._load = load
         self._tokens = 0
         self._chars = 0  # text sent so far: where the next token's text_offset starts
         self._ended = False  # the finish chunk or an error event went out
@@ -205,7 +213,7 @@ class _Events:
 
     async def events(self) -> AsyncGenerator[bytes, None]:
         if self._reply.surface.chat:
-            yield self._reply.chunk(self._ctx, "", None, None, first=True)
+            yield self._reply.chunk(self._record, "", None, None, first=True)
         async for piece in self._stream.pieces():
             self._tokens += piece.tokens
             delta = await self._delta(piece)
@@ -230,17 +238,17 @@ class _Events:
             return None
         offset = self._chars
         self._chars += len(piece.text)
-        return self._reply.chunk(self._ctx, piece.text, tokens, None, text_offset=offset)
+        return self._reply.chunk(self._record, piece.text, tokens, None, text_offset=offset)
 
     def _end(self, finish: Finish) -> list[bytes]:
-        error = openai_finish_error(finish, self._ctx.load())
+        error = openai_finish_error(finish, self._load())
         if error is not None:
             return [_error_event(error)]
         reason = FINISH_REASONS.get(finish.reason, "stop")
-        events = [self._reply.chunk(self._ctx, None, None, reason)]
+        events = [self._reply.chunk(self._record, None, None, reason)]
         if self._reply.include_usage:
             events.append(
-                self._reply.usage_chunk(self._ctx, usage(self._ctx, finish, self._tokens))
+                self._reply.usage_chunk(self._record, usage(self._record, finish, self._tokens))
             )
         return events
 

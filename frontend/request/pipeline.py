@@ -25,7 +25,6 @@ from tinyserve.frontend.request.observe import admission_figures, observe, step,
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.reply_common import (
     Reply,
-    ReplyContext,
     engine_unavailable,
     finish_error,
     rejection_error,
@@ -168,12 +167,5 @@ async def _reply(
         if error is not None:
             raise error
     record.replied = True
-    ctx = ReplyContext(
-        record.request_id,
-        record.prompt_tokens,
-        record.generation.timeline,
-        request.app[LINK].load,
-        record.generation.stream,
-    )
     with step(request, record, "streaming"):
-        return await reply(request, stream, ctx)
+        return await reply(request, stream, record)

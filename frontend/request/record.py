@@ -65,6 +65,10 @@ class RequestRecord:
         if piece.finish is not None:
             self.finish = piece.finish
 
+    def prompt_tokens_of(self, finish: Finish) -> int:
+        """The prompt's length: the engine's figure, else our own count."""
+        return finish.prompt_tokens or self.prompt_tokens
+
     @property
     def replied_finish(self) -> Finish | None:
         """The end the reply took; None when it ended before or without one."""

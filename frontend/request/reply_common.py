@@ -30,6 +30,7 @@ from tinyserve.frontend.http.backpressure import ClientStalled, bound_buffers, p
 from tinyserve.frontend.models.common import to_json
 from tinyserve.frontend.request import admission
 from tinyserve.frontend.request.admission import Load, Rejection
+from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.streams import Finish, RequestStream
 from tinyserve.logs import fields
 
@@ -42,23 +43,11 @@ SSE_HEADERS = {
 }
 
 
-@dataclass(frozen=True)
-class ReplyContext:
-    """What a reply needs besides the stream."""
-
-    request_id: str
-    prompt_tokens: int  # our own count, used when the engine's final update has none
-    want_timeline: bool
-    load: Callable[[], Load | None]  # current load, for a Retry-After computed at reply time
-    stream: bool = False  # the client asked for server-sent events
-
-    def prompt_tokens_of(self, finish: Finish) -> int:
-        """The prompt's length: the engine's figure, else our own count."""
-        return finish.prompt_tokens or self.prompt_tokens
-
-
-# How a surface answers once the engine accepted a request: the pipeline hands it the stream.
-Reply = Callable[[web.Request, RequestStream, ReplyContext], Awaitable[web.StreamResponse]]
+# How a surface answers once the engine accepted a request: the pipeline hands it the stream
+# and the request's record.
+Reply = Callable[[web.Request, RequestStream, RequestRecord], Awaitable[web.StreamResponse]]
+# The board's load now, for a Retry-After computed at reply time.
+LoadNow = Callable[[], Load | None]
 
 
 @dataclass

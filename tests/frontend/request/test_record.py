@@ -54,3 +54,10 @@ def test_time_since_arrival_grows() -> None:
     rec = record()
     assert rec.ms_since_arrival(rec.arrival_ns + 1_500_000) == 1.5
     assert rec.ns_since_arrival() > 0
+
+
+def test_prompt_length_is_the_engines_figure_else_our_own_count() -> None:
+    rec = record()
+    rec.prompt_tokens = 5
+    assert rec.prompt_tokens_of(Finish(protocol.FINISH_STOP, prompt_tokens=7)) == 7
+    assert rec.prompt_tokens_of(Finish(protocol.FINISH_ERROR, "made up here")) == 5
