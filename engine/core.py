@@ -353,7 +353,7 @@ class EngineCore:
             # NOTE: after a failure (a failed decode included) the KV content may be wrong:
             # never cache it.
             if self.cache and reason != FINISH_ERROR:
-                reason, detail = self._park(seq, reason, detail)
+                self._park(seq)
             self._free_slot(seq)
         self.blocks.release_all(seq.blocks)
         del self.by_id[seq.request_id]
@@ -367,15 +367,17 @@ class EngineCore:
         self.drafts.finished(Finish(reason, cause, seq.prompt_len, cached, seq.timeline))
         self._finished_at.append(now)
 
-    def _park(self, seq: Sequence, reason: str, detail: str) -> tuple[str, str]:
-        """Cache the full blocks ``seq``'s slot holds. If the cache fails (and is reset), the
-        request ends with an error instead of ``reason``."""
+    def _park(self, seq: Sequence) -> None:
+        """Cache the full blocks ``seq``'s slot holds. The request was served in full whatever
+        happens here, so it keeps its finish; a cache failure (the cache is reset) is logged."""
         try:
             with self._cache_call() as cache:
                 cache.park(seq.kv_tokens(), seq.blocks, seq.slot)
         except RequestError as exc:
-            return FINISH_ERROR, self._log_failure(seq, "caching its prefix", exc)
-        return reason, detail
+            log.warning(
+                "caching a finished request's prefix failed; the request keeps its finish",
+                extra=fields(request_id=seq.request_id, error=f"{exc}: {exc.__cause__!r}"),
+            )
 
     def _record(self, timeline: Timeline) -> dict[str, Any]:
         """Keep a finished request's timeline for queries; returns it as the API shows it."""
