@@ -109,10 +109,6 @@ class PrefixCache:
         for block in block_ids:
             self.blocks.acquire(block)
 
-    def unpin(self, hit: Hit) -> None:
-        """Give back a hit's pins (the request was rejected or ended)."""
-        self.blocks.release_all(hit.block_ids)
-
     def make_room(self, n_blocks: int) -> bool:
         """Evict unreferenced cached blocks until ``n_blocks`` are free; False if impossible."""
         while self.blocks.free < n_blocks:
