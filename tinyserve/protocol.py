@@ -1,8 +1,10 @@
 """Every message that crosses a process boundary, and its msgpack encoding.
 
-Frontend -> engine (PUSH/PULL): ``Hello``, ``Submit``, ``Cancel``, ``TimelineQuery``.
+Frontend -> engine (PUSH/PULL): ``Hello``, ``Submit``, ``Cancel``, ``TimelineQuery``,
+``FeedLease``.
 Engine -> frontend (PUB/SUB, topic = frontend id): ``HelloAck``, ``TickOutput``,
-``TimelineReply``.
+``TimelineReply``; on the topic ``FEED_TOPIC``, to every frontend that subscribed to it,
+``FeedUpdate``.
 
 A frame is ``msgpack([PROTOCOL_VERSION, tag, *fields])``; nested messages are lists of their
 fields in declaration order. A frame with another version or an unknown tag raises
@@ -20,7 +22,9 @@ from typing import Any, ClassVar, TypeVar
 
 import msgpack
 
-PROTOCOL_VERSION = 2  # 2: no TickOutput.stats, Submit.want_timeline or events (accepted)
+# 2: no TickOutput.stats, Submit.want_timeline or events (accepted)
+# 3: FeedLease and FeedUpdate (the dashboard's event feed, GET /v1/events)
+PROTOCOL_VERSION = 3
 
 # Ways a request can end; the same strings appear in replies and metrics.
 FINISH_STOP = "stop"
@@ -226,6 +230,17 @@ class TimelineQuery(Message):
     request_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class FeedLease(Message):
+    """A frontend has live viewers of the event feed: the engine produces ``FeedUpdate``s
+    for ``seconds`` from now. Renewed while viewers stay, so a frontend that crashed stops
+    costing the engine anything once its lease runs out; ``seconds == 0`` ends it now."""
+
+    TAG: ClassVar[int] = 5
+    frontend_id: str
+    seconds: float
+
+
 # -- engine -> frontend -------------------------------------------------------------------
 
 
@@ -294,9 +309,48 @@ class TimelineReply(Message):
     timeline: dict[str, Any] | None
 
 
+# The feed's topic: frontend ids are hex, so no frontend's topic starts with "~".
+FEED_TOPIC = b"~feed"
+
+
+@dataclass(frozen=True, slots=True)
+class FeedUpdate(Message):
+    """The node's scheduling state for the event feed, at most one per feed interval (ticks
+    that came faster are folded into it), published on ``FEED_TOPIC`` while any lease holds.
+
+    ``ticks``/``batch`` sum the decode calls since the previous update (``window_s``);
+    ``events`` are what happened in them (``kind``: grant, finish, reject); ``slots`` is one
+    entry per slot (None: free); ``queue`` counts waiting requests by tenant and priority;
+    ``kv`` is the block figures at ``at_ns`` (the engine's CLOCK_MONOTONIC).
+    Plain dicts, not nested messages: frontends pass them to viewers as JSON unread.
+    """
+
+    TAG: ClassVar[int] = 14
+    seq: int
+    at_ns: int
+    window_s: float
+    tick: int
+    ticks: int
+    batch: dict[str, float]
+    slots: list[dict[str, Any] | None]
+    queue: list[dict[str, Any]]
+    kv: dict[str, int]
+    events: list[dict[str, Any]]
+
+
 _BY_TAG: dict[int, type[Message]] = {
     cls.TAG: cls
-    for cls in (Hello, Submit, Cancel, TimelineQuery, HelloAck, TickOutput, TimelineReply)
+    for cls in (
+        Hello,
+        Submit,
+        Cancel,
+        TimelineQuery,
+        FeedLease,
+        HelloAck,
+        TickOutput,
+        TimelineReply,
+        FeedUpdate,
+    )
 }
 
 

@@ -29,6 +29,7 @@ SAMPLES: list[p.Message] = [
     p.TimelineQuery("f" * 32, 7, "r1"),
     p.TimelineReply("f" * 32, 7, {"request_id": "r1", "prefill": [{"tick": 3, "tokens": 16}]}),
     p.TimelineReply("f" * 32, 8, None),
+    p.FeedLease("f" * 32, 3.0),
     p.HelloAck("f" * 32, 42, 7, "smol", 4096, 49152, 8, 16, 256, 64),
     p.TickOutput(
         "f" * 32,
@@ -40,9 +41,40 @@ SAMPLES: list[p.Message] = [
 ]
 
 
-@pytest.mark.parametrize("message", SAMPLES, ids=lambda m: type(m).__name__)
+# Messages without a frontend id (published on a topic every frontend may read).
+BROADCAST: list[p.Message] = [
+    p.FeedUpdate(
+        7,
+        123_456,
+        0.1,
+        40,
+        3,
+        {"requests": 4, "tokens": 70, "prefill_tokens": 64, "decode_tokens": 6, "decode_s": 0.2},
+        [{"request_id": "r1", "tenant": "a", "phase": "prefill", "n_past": 16}, None],
+        [{"tenant": "a", "priority": 0, "count": 2}],
+        {"total": 256, "used": 30, "cached": 4},
+        [{"kind": "grant", "request_id": "r1", "rule": "arrival", "wait_s": 0.25}],
+    ),
+]
+
+
+@pytest.mark.parametrize("message", SAMPLES + BROADCAST, ids=lambda m: type(m).__name__)
 def test_round_trip(message: p.Message) -> None:
     assert p.decode(p.encode(message)) == message
+
+
+def test_the_feed_topic_prefixes_no_frontend_topic() -> None:
+    # SUB matches by prefix: a frontend without viewers must not receive the feed.
+    assert not p.topic("f" * 32).startswith(p.FEED_TOPIC)
+    assert not p.FEED_TOPIC.startswith(p.topic("f" * 32))
+    assert p.FEED_TOPIC[:1] not in b"0123456789abcdef"  # frontend ids are hex
+
+
+def test_a_feed_update_with_a_wrong_typed_slot_is_rejected() -> None:
+    items = msgpack.unpackb(p.encode(BROADCAST[0]), raw=False)
+    items[8] = ["not a dict or None"]  # slots
+    with pytest.raises(p.ProtocolError, match="slots"):
+        p.decode(msgpack.packb(items, use_bin_type=True))
 
 
 def test_a_frame_without_trailing_defaulted_fields_still_decodes() -> None:
@@ -64,7 +96,7 @@ def test_version_2_carries_only_what_a_receiver_reads() -> None:
     def names(cls: type[p.Message]) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
 
-    assert p.PROTOCOL_VERSION == 2
+    assert p.PROTOCOL_VERSION >= 2  # 3 added the feed's messages, no field of these
     assert names(p.TickOutput) == ["frontend_id", "updates"]
     assert "want_timeline" not in names(p.Submit)
     assert "events" not in names(p.RequestUpdate) and "accepted" in names(p.RequestUpdate)
