@@ -60,9 +60,11 @@ class BatchBuilder:
         pos0: int,
         seq_id: int,
         logits_last: bool,
+        logits_all: bool = False,
     ) -> int:
         """Append ``tokens[start:start + count]`` at positions ``pos0, pos0 + 1, ...``, all in
-        ``seq_id``; only the last row asks for logits, and only if ``logits_last``.
+        ``seq_id``; only the last row asks for logits, and only if ``logits_last``, unless
+        ``logits_all`` (every row asks: prompt logprobs need them).
 
         Returns the last row's index. All or nothing: ``IndexError`` if the rows do not fit,
         ``ValueError`` if ``count < 1``, the slice leaves ``tokens``, or ``pos0``/``seq_id`` is

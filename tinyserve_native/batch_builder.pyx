@@ -73,6 +73,7 @@ cdef class BatchBuilder:
         int32_t pos0,
         int32_t seq_id,
         bint logits_last,
+        bint logits_all=False,
     ) -> int:
         """Append ``tokens[start:start + count]`` at positions ``pos0..``; returns the last row."""
         if count <= 0:
@@ -90,9 +91,9 @@ cdef class BatchBuilder:
             # NOTE: a token that does not convert raises here, before n_tokens moves, so the
             # rows written so far stay outside the batch: "write nothing" holds.
             token = tokens[start + i]
-            self._write_row(row0 + i, token, pos0 + i, seq_id, False)
+            self._write_row(row0 + i, token, pos0 + i, seq_id, logits_all)
         cdef int32_t last = row0 + <int32_t>count - 1
-        self._batch.logits[last] = logits_last
+        self._batch.logits[last] = logits_last or logits_all
         self._batch.n_tokens = last + 1
         return last
 

@@ -100,15 +100,22 @@ class RefBatch:
         return len(self.rows) - 1
 
     def add_span(
-        self, tokens: list[int], start: int, count: int, pos0: int, seq_id: int, last: bool
+        self,
+        tokens: list[int],
+        start: int,
+        count: int,
+        pos0: int,
+        seq_id: int,
+        last: bool,
+        every: bool = False,
     ) -> int:
         if count < 1 or start < 0 or start + count > len(tokens) or pos0 < 0 or seq_id < 0:
             raise ValueError("bad span")
         if len(self.rows) + count > self.capacity:
             raise IndexError("full")
         span = tokens[start : start + count]
-        self.rows += [(t, pos0 + i, seq_id, False) for i, t in enumerate(span)]
-        self.rows[-1] = (*self.rows[-1][:3], last)
+        self.rows += [(t, pos0 + i, seq_id, every) for i, t in enumerate(span)]
+        self.rows[-1] = (*self.rows[-1][:3], last or every)
         return len(self.rows) - 1
 
 

@@ -90,6 +90,12 @@ def test_add_span_asks_logits_only_for_its_last_row(owned: OwnedBatch) -> None:
     ]
 
 
+def test_add_span_with_logits_all_asks_for_every_row(owned: OwnedBatch) -> None:
+    builder = builder_for(owned)
+    assert builder.add_span([9, 10, 11], 0, 3, 0, 2, False, True) == 2
+    assert [row[3] for row in read_rows(owned.struct)] == [True, True, True]
+
+
 def test_a_span_that_does_not_fit_writes_nothing(owned: OwnedBatch) -> None:
     builder = builder_for(owned)
     builder.add_span(list(range(CAPACITY - 1)), 0, CAPACITY - 1, 0, 0, False)
@@ -142,6 +148,7 @@ OPS = st.one_of(
         st.integers(0, 4),
         POS,
         SEQ,
+        st.booleans(),
         st.booleans(),
     ),
 )
