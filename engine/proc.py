@@ -24,6 +24,7 @@ import zmq
 from tinyserve import metrics
 from tinyserve.config import ENGINE, Config, notify_socket, watchdog_interval_s
 from tinyserve.engine.core import EngineCore
+from tinyserve.engine.events import EventFeed
 from tinyserve.engine.meters import EngineMeter
 from tinyserve.engine.report import Cause, TickReport
 from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
@@ -34,10 +35,12 @@ from tinyserve.model import model_name
 from tinyserve.ownership import join_node
 from tinyserve.procs import pid_alive
 from tinyserve.protocol import (
+    FEED_TOPIC,
     FINISH_ERROR,
     STATE_DRAINING,
     STATE_READY,
     Cancel,
+    FeedLease,
     Hello,
     HelloAck,
     Message,
@@ -117,6 +120,7 @@ class EngineProcess:
         self.inbox = self.zmq.socket(zmq.PULL)
         self.outbox = self.zmq.socket(zmq.PUB)
         self.frontends: dict[str, int] = {}  # frontend id -> pid, from Hello
+        self.feed = EventFeed()  # the dashboard's feed: idle unless a frontend leases it
         self._stop_at_ns = 0
         self._next_reap_ns = 0
         self._next_watchdog_ns = 0
@@ -196,6 +200,18 @@ class EngineProcess:
         if self.spans is not None:
             for timeline in report.ended():
                 self.spans.record(timeline)
+        if self.feed.until_ns:  # NOTE: 0 while no frontend has viewers: the feed costs this
+            self._feed(report)
+
+    def _feed(self, report: TickReport) -> None:
+        """Fold the report into the event feed; publish an update when one is due."""
+        feed, now = self.feed, time.monotonic_ns()
+        if now >= feed.until_ns and not feed.expire(now):
+            return
+        feed.observe(report, now)
+        if feed.due(now):
+            update = feed.take(now, self.core.slots, self.core.policy, report.load)
+            self.outbox.send_multipart([FEED_TOPIC, encode(update)])
 
     def _fail(self, exc: Exception) -> NoReturn:
         """The engine itself is broken (the model or context, or an invariant of its state):
@@ -244,6 +260,8 @@ class EngineProcess:
             self._greet(message)
         elif isinstance(message, TimelineQuery):
             self._answer_timeline_query(message)
+        elif isinstance(message, FeedLease):
+            self.feed.lease(message.frontend_id, message.seconds, time.monotonic_ns())
         else:
             self._dropped.warning("dropped unexpected message", type=type(message).__name__)
 
