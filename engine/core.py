@@ -235,7 +235,8 @@ class EngineCore:
             seq.request_id, self.policy.rule_kind, request.tenant, request.priority, wait_s
         )
         self.drafts.granted(grant)
-        self.samplers[slot] = self.runtime.new_sampler(request.sampling)
+        self.samplers[slot] = sampler = self.runtime.new_sampler(request.sampling)
+        seq.timeline.grammar = sampler.grammar
         if self.cache and seq.hit.n_tokens:
             with self._cache_call() as cache:
                 cache.attach(seq.hit, slot)

@@ -1,4 +1,4 @@
-"""The engine's only door to llama.cpp: model, context, batch, samplers and KV memory.
+"""The engine's door to llama.cpp: model, context, batch and KV memory (samplers: ``sampler``).
 
 Everything here is a thin, typed wrapper over llama-cpp-python's low-level ctypes API, so the
 scheduling code above it can be read (and tested) without knowing ctypes.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tinyserve.config import Config
+from tinyserve.engine.sampler import Sampler, Vocab
 from tinyserve.errors import EngineFatalError, ModelNotFoundError, RequestError
 from tinyserve.model import resolve_model_path
 from tinyserve.protocol import SamplingParams
@@ -60,67 +60,6 @@ def _route_llama_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
 
 # NOTE: the callback object must outlive every llama.cpp call, so it lives at module level.
 _LOG_CALLBACK = llama_cpp.llama_log_callback(_route_llama_log)
-
-
-class Sampler:
-    """One llama.cpp sampler chain, owned by one sequence.
-
-    ``RequestError`` if the chain cannot be built from ``params`` (nothing is left allocated
-    then) or, in ``sample``, if it picks a token outside the vocabulary.
-    """
-
-    def __init__(self, params: SamplingParams, n_vocab: int, eog_tokens: list[int]) -> None:
-        chain_params = llama_cpp.llama_sampler_chain_default_params()
-        chain_params.no_perf = True
-        self._n_vocab = n_vocab
-        self._chain = llama_cpp.llama_sampler_chain_init(chain_params)
-        if not self._chain:
-            raise RequestError("llama.cpp could not create a sampler chain")
-        try:
-            self._build(params, n_vocab, eog_tokens)
-        except BaseException:
-            self.free()  # nothing half-built stays allocated
-            raise
-
-    def _build(self, params: SamplingParams, n_vocab: int, eog_tokens: list[int]) -> None:
-        if params.ignore_eos:
-            banned = (llama_cpp.llama_logit_bias * len(eog_tokens))(
-                *(llama_cpp.llama_logit_bias(token, -math.inf) for token in eog_tokens)
-            )
-            self._add(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(eog_tokens), banned))
-        if params.presence_penalty or params.frequency_penalty:
-            self._add(
-                llama_cpp.llama_sampler_init_penalties(
-                    n_vocab, 64, 1.0, params.frequency_penalty, params.presence_penalty
-                )
-            )
-        if params.temperature <= 0.0:
-            self._add(llama_cpp.llama_sampler_init_greedy())
-            return
-        if params.top_k > 0:
-            self._add(llama_cpp.llama_sampler_init_top_k(params.top_k))
-        if params.top_p < 1.0:
-            self._add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
-        self._add(llama_cpp.llama_sampler_init_temp(params.temperature))
-        seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
-        self._add(llama_cpp.llama_sampler_init_dist(seed))
-
-    def _add(self, sampler: int) -> None:
-        if not sampler:
-            raise RequestError("llama.cpp could not create a sampler stage")
-        llama_cpp.llama_sampler_chain_add(self._chain, sampler)
-
-    def sample(self, ctx: llama_cpp.llama_context_p, row: int) -> int:
-        """Pick the next token from the logits of batch row ``row`` (also records it)."""
-        token = int(llama_cpp.llama_sampler_sample(self._chain, ctx, row))
-        if not 0 <= token < self._n_vocab:
-            raise RequestError(f"the sampler picked token {token}, outside the vocabulary")
-        return token
-
-    def free(self) -> None:
-        if self._chain is not None:
-            llama_cpp.llama_sampler_free(self._chain)
-            self._chain = None
 
 
 class LlamaRuntime:
@@ -184,7 +123,7 @@ class LlamaRuntime:
         return int(llama_cpp.llama_decode(self.ctx, self._batch))
 
     def new_sampler(self, params: SamplingParams) -> Sampler:
-        return Sampler(params, self.n_vocab, self.eog_tokens)
+        return Sampler(params, Vocab(self._vocab, self.n_vocab, self.eog_tokens))
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))

@@ -20,6 +20,7 @@ from tinyserve.timeline_records import (
     Accepted,
     DecodeRun,
     Finish,
+    GrammarWire,
     PrefillChunk,
     QueueWire,
     SlotGrant,
@@ -39,6 +40,7 @@ class Timeline:
         "decode_runs",
         "finish",
         "first_token_ns",
+        "grammar",
         "grants_at_accept",
         "policy",
         "prefix_tokens",
@@ -57,6 +59,7 @@ class Timeline:
         self.decode_runs: list[DecodeRun] = []
         self.first_token_ns = 0
         self.finish: Finish | None = None
+        self.grammar: GrammarWire | None = None  # set at the slot grant of a constrained one
         self._last_ns = 0
 
     # -- recording ---------------------------------------------------------------------------
@@ -110,7 +113,7 @@ class Timeline:
     def wire(self) -> TimelineWire:
         """``to_dict``, typed: the keys are ``tinyserve.timeline_records``'s."""
         req, arrival = self.request, self.request.arrival_ns
-        return {
+        wire: TimelineWire = {
             "request_id": req.request_id,
             "status": self._status(),
             "tenant": req.tenant,
@@ -128,6 +131,9 @@ class Timeline:
             "decode": decode_wire(self.decode_runs),
             "finish": self.finish.wire(arrival) if self.finish else None,
         }
+        if self.grammar is not None:
+            wire["grammar"] = self.grammar
+        return wire
 
     def _status(self) -> str:
         if self.finish is not None:

@@ -176,6 +176,12 @@ class SamplingParams(Message):
     frequency_penalty: float = 0.0
     logprobs: int = -1  # top alternatives to report per token (-1: no logprobs at all)
     ignore_eos: bool = False  # never sample an end-of-generation token
+    min_p: float = 0.0  # drop tokens less likely than min_p times the likeliest (0: off)
+    typical_p: float = 1.0  # locally typical sampling (1: off)
+    repetition_penalty: float = 1.0  # divide the logits of recent tokens (1: off)
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    min_tokens: int = 0  # no end-of-generation token before this many tokens
+    grammar: str = ""  # GBNF every token must obey ("": none); the frontend compiled it
 
 
 # -- frontend -> engine -------------------------------------------------------------------

@@ -10,7 +10,7 @@ log line). ``docs/observability.md`` lists every field.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple, TypedDict, cast
+from typing import Any, NamedTuple, NotRequired, TypedDict, cast
 
 NS_PER_MS = 1_000_000
 
@@ -66,8 +66,16 @@ class FinishWire(TypedDict):
     generated_tokens: int
 
 
+class GrammarWire(TypedDict):
+    """A constrained request's grammar: its hash, and how long llama.cpp took to build its
+    sampler at the slot grant."""
+
+    hash: str
+    build_ms: float
+
+
 class TimelineWire(TypedDict):
-    """A whole timeline as the API returns it."""
+    """A whole timeline as the API returns it (``grammar`` only for constrained requests)."""
 
     request_id: str
     status: str  # waiting, running, finished
@@ -83,6 +91,7 @@ class TimelineWire(TypedDict):
     first_token_ms: float | None
     decode: DecodeWire
     finish: FinishWire | None
+    grammar: NotRequired[GrammarWire]
 
 
 def read_wire(timeline: Mapping[str, Any]) -> TimelineWire:

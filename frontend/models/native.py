@@ -55,6 +55,7 @@ class RequestTimeline(BaseModel):
     first_token_ms: float | None = None
     decode: dict[str, Any] | None = None
     finish: dict[str, Any] | None = None
+    grammar: dict[str, Any] | None = None
 
 
 NativeFinishReason = Literal["stop", "length", "cancelled", "queue_timeout", "timeout"]
