@@ -24,6 +24,7 @@ from typing import Any
 
 from tinyserve import capacity
 from tinyserve.config import Config
+from tinyserve.engine import forks, prompt_logprobs
 from tinyserve.engine.drafts import TickDrafts
 from tinyserve.engine.policies import Policy, make_policy
 from tinyserve.engine.prefix_cache import NO_HIT, PrefixCache
@@ -57,11 +58,13 @@ DRAIN_WINDOW_S = 10.0
 
 @dataclass(frozen=True)
 class BatchRow:
-    """One sequence's share of a tick's batch: ``n_tokens`` rows, logits at ``row`` (or -1)."""
+    """One sequence's share of a tick's batch: ``n_tokens`` rows ending at ``last_row``, the
+    next token sampled from ``row`` (-1: none yet)."""
 
     seq: Sequence
     n_tokens: int
     row: int
+    last_row: int = -1
 
 
 class EngineCore:
@@ -113,13 +116,15 @@ class EngineCore:
 
     def _accept(self, seq: Sequence) -> None:
         request = seq.request
-        if self.cache:
-            with self._cache_call() as cache:
-                seq.hit = cache.lookup(request.prompt_ids)
-            seq.blocks = list(seq.hit.block_ids)  # pinned: held like its own blocks
+        leader = forks.leader_of(seq, self.by_id)
+        if leader is not None:
+            seq.blocks = forks.follow(seq, leader, self.blocks)
+        elif self.cache:
+            self._look_up(seq)
         # Shared blocks are charged once, to the cache.
         own = self.blocks.blocks_for(seq.prompt_len + request.max_tokens) - len(seq.blocks)
         if not self._make_room(own):
+            forks.unfollow(seq)
             del self.by_id[request.request_id]
             self.blocks.release_all(seq.blocks)
             self._reject(request, REJECT_KV_CACHE_FULL)
@@ -132,6 +137,16 @@ class EngineCore:
         self.policy.add(seq)
         seq.status = Status.WAITING
         self.drafts.accepted(request)
+
+    def _look_up(self, seq: Sequence) -> None:
+        assert self.cache is not None
+        with self._cache_call() as cache:
+            hit = cache.lookup(seq.request.prompt_ids)
+        if prompt_logprobs.wanted(seq):  # cached positions have no logits: prefill them again
+            self.blocks.release_all(list(hit.block_ids))
+            seq.timeline.prefix_recomputed = hit.n_tokens
+            return
+        seq.hit, seq.blocks = hit, list(hit.block_ids)  # pinned: held like its own blocks
 
     def _rejection(self, request: Submit) -> str:
         prompt, max_tokens = len(request.prompt_ids), request.max_tokens
@@ -241,6 +256,7 @@ class EngineCore:
             with self._cache_call() as cache:
                 cache.attach(seq.hit, slot)
             seq.n_past = seq.timeline.prefix_tokens = seq.hit.n_tokens
+        forks.on_grant(seq, self.runtime)
         if log.isEnabledFor(logging.DEBUG):
             self._log_grant(seq, rule)
 
@@ -285,8 +301,10 @@ class EngineCore:
         if n <= 0:
             return None
         last = seq.n_past + n == seq.prompt_len
-        row = builder.add_span(seq.request.prompt_ids, seq.n_past, n, seq.n_past, seq.slot, last)
-        return BatchRow(seq, n, row if last else -1)
+        every = prompt_logprobs.wanted(seq)
+        prompt = seq.request.prompt_ids
+        row = builder.add_span(prompt, seq.n_past, n, seq.n_past, seq.slot, last, every)
+        return BatchRow(seq, n, row if last else -1, row)
 
     def _decode(self, batch: list[BatchRow]) -> bool:
         started = time.perf_counter()
@@ -311,6 +329,9 @@ class EngineCore:
     def _advance(self, item: BatchRow, batch_size: int, now: int) -> None:
         """Account for the rows ``item`` had decoded; take its next token if it has logits."""
         seq = item.seq
+        if seq.status is Status.PREFILL and prompt_logprobs.wanted(seq):
+            entries = prompt_logprobs.chunk_entries(self.runtime, seq, item.last_row, item.n_tokens)
+            self.drafts.prompt_logprobs(seq.request, entries)
         seq.n_past += item.n_tokens
         self.policy.charge(seq, item.n_tokens)
         if seq.status is Status.PREFILL:
@@ -323,9 +344,22 @@ class EngineCore:
         if seq.status is Status.PREFILL:
             seq.status = Status.DECODE
             seq.timeline.first_token(now)
+            self._fork(seq, item.row, now)
         self._accept_token(seq, item.row)
 
+    def _fork(self, leader: Sequence, row: int, now: int) -> None:
+        """``leader``'s prompt is in: the choices waiting on it copy it and sample from ``row``."""
+        for follower in forks.waiting(leader):
+            with self._serving(follower, "copying its prompt from the choice that prefilled it"):
+                forks.fork(leader, follower, self.runtime)
+                follower.status = Status.DECODE
+                follower.timeline.first_token(now)
+                self._accept_token(follower, row)
+
     def _accept_token(self, seq: Sequence, row: int) -> None:
+        if seq.request.max_tokens == 0:  # echo of the prompt alone (its logprobs are sent)
+            self._finish(seq, FINISH_LENGTH)
+            return
         token = self.samplers[seq.slot].sample(self.runtime.ctx, row)
         if self.runtime.is_eog(token):
             self._finish(seq, FINISH_STOP)
@@ -348,6 +382,8 @@ class EngineCore:
         engine (block accounting, policy state) raises here; a failing prefix cache does not."""
         if seq.status is not Status.NEW:
             self.policy.remove(seq)
+        forks.unfollow(seq)
+        forks.release(seq)
         had_slot = seq.status in (Status.PREFILL, Status.DECODE)
         seq.status = Status.FINISHED
         if had_slot:

@@ -16,6 +16,7 @@ class _Draft:
     frontend_id: str
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[list[Any]] = field(default_factory=list)
+    prompt_logprobs: list[list[Any]] = field(default_factory=list)
     text: bytearray = field(default_factory=bytearray)
     accepted: bool = False
     finish_reason: str | None = None
@@ -60,6 +61,9 @@ class TickDrafts:
         self._generated += 1
         if logprobs is not None:
             draft.logprobs.append(logprobs)
+
+    def prompt_logprobs(self, request: Submit, entries: list[list[Any]]) -> None:
+        self._draft(request).prompt_logprobs += entries
 
     def text(self, request: Submit, text: bytes) -> None:
         self._draft(request).text += text
@@ -110,6 +114,7 @@ class TickDrafts:
                 d.cached_tokens,
                 d.timeline,
                 d.logprobs,
+                d.prompt_logprobs,
             )
             updates.setdefault(d.frontend_id, []).append(update)
         report = TickReport(

@@ -151,20 +151,41 @@ class LlamaRuntime:
         ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
+    def logits_rows(self, first: int, n: int) -> npt.NDArray[np.float32]:
+        """The logits of batch rows ``first .. first + n - 1``, all of which asked for logits,
+        as an ``(n, n_vocab)`` array (a view while llama.cpp stores them contiguously)."""
+        start = llama_cpp.llama_get_logits_ith(self.ctx, first)
+        end = llama_cpp.llama_get_logits_ith(self.ctx, first + n - 1)
+        row_bytes = self.n_vocab * ctypes.sizeof(ctypes.c_float)
+        gap = ctypes.cast(end, ctypes.c_void_p).value - ctypes.cast(start, ctypes.c_void_p).value
+        if gap == (n - 1) * row_bytes:
+            return np.ctypeslib.as_array(start, shape=(n, self.n_vocab))
+        return np.stack([self.logits(first + i) for i in range(n)])
+
     def logprobs(self, row: int, token: int, top_n: int) -> list[Any]:
         """``[logprob of token, [[id, logprob], ...] top_n best]`` under the model's raw
         distribution for batch row ``row`` (before temperature or other sampling steps)."""
+        return self.logprobs_rows(row, [token], top_n)[0]
+
+    def logprobs_rows(self, first: int, tokens: list[int], top_n: int) -> list[list[Any]]:
+        """``logprobs`` for consecutive rows from ``first``: row ``first + i`` scores
+        ``tokens[i]``. One vectorised pass, for a prompt chunk's rows at once."""
         if top_n >= self.n_vocab:
             raise RequestError(f"logprobs={top_n}: the vocabulary has {self.n_vocab} tokens")
-        logits = self.logits(row).astype(np.float64)
-        peak = logits.max()
-        logprobs = logits - (peak + np.log(np.exp(logits - peak).sum()))
-        best: list[list[float]] = []
-        if top_n > 0:
-            ids = np.argpartition(-logprobs, top_n)[:top_n]
-            ids = ids[np.argsort(-logprobs[ids])]
-            best = [[int(i), float(logprobs[i])] for i in ids]
-        return [float(logprobs[token]), best]
+        n = len(tokens)
+        logits = self.logits_rows(first, n).astype(np.float64)
+        peak = logits.max(axis=1, keepdims=True)
+        logprobs = logits - (peak + np.log(np.exp(logits - peak).sum(axis=1, keepdims=True)))
+        chosen = logprobs[np.arange(n), tokens]
+        entries: list[list[Any]] = []
+        for i in range(n):
+            best: list[list[float]] = []
+            if top_n > 0:
+                ids = np.argpartition(-logprobs[i], top_n)[:top_n]
+                ids = ids[np.argsort(-logprobs[i][ids])]
+                best = [[int(t), float(logprobs[i][t])] for t in ids]
+            entries.append([float(chosen[i]), best])
+        return entries
 
     def forget(self, seq_id: int, start: int = -1, end: int = -1) -> None:
         """Drop ``seq_id``'s KV cells in ``[start, end)`` (all of them by default)."""

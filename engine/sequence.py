@@ -36,6 +36,10 @@ class Sequence:
     stops: StopMatcher = field(init=False)
     timeline: Timeline = field(init=False)
     policy_name: str = ""
+    # n > 1 (engine/forks.py): the choice whose prefill this one waits to copy, and the
+    # choices waiting on this one's.
+    leader: Sequence | None = None
+    followers: list[Sequence] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.stops = StopMatcher(self.request.sampling.stop)
@@ -55,4 +59,7 @@ class Sequence:
 
     @property
     def prefill_left(self) -> int:
-        return self.prompt_len - self.n_past if self.status is Status.PREFILL else 0
+        """Prompt tokens still to decode: none while waiting for a leader's prefill."""
+        if self.status is not Status.PREFILL or self.leader is not None:
+            return 0
+        return self.prompt_len - self.n_past

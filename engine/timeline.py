@@ -23,6 +23,7 @@ from tinyserve.timeline_records import (
     GrammarWire,
     PrefillChunk,
     QueueWire,
+    SharedPrefillWire,
     SlotGrant,
     TimelineWire,
     decode_wire,
@@ -43,8 +44,10 @@ class Timeline:
         "grammar",
         "grants_at_accept",
         "policy",
+        "prefix_recomputed",
         "prefix_tokens",
         "request",
+        "shared_prefill",
         "slot",
     )
 
@@ -55,6 +58,8 @@ class Timeline:
         self.grants_at_accept = 0
         self.slot: SlotGrant | None = None
         self.prefix_tokens = 0
+        self.shared_prefill: SharedPrefillWire | None = None
+        self.prefix_recomputed = 0  # cached prompt tokens prefilled again for their logits
         self.chunks: list[PrefillChunk] = []
         self.decode_runs: list[DecodeRun] = []
         self.first_token_ns = 0
@@ -89,6 +94,10 @@ class Timeline:
         else:
             runs.append(DecodeRun(tick, 1, batch, interval))
 
+    def forked(self, request_id: str, tokens: int) -> None:
+        """Its first ``tokens`` prompt tokens' KV was copied from ``request_id``'s prefill."""
+        self.shared_prefill = {"request_id": request_id, "tokens": tokens}
+
     def first_token(self, now: int) -> None:
         self.first_token_ns = now
 
@@ -108,7 +117,12 @@ class Timeline:
 
     def to_dict(self) -> dict[str, Any]:
         """The timeline as the API returns it (times in ms since the frontend's arrival)."""
-        return dict(self.wire())
+        as_dict: dict[str, Any] = dict(self.wire())
+        if self.shared_prefill is not None:
+            as_dict["shared_prefill"] = self.shared_prefill
+        if self.prefix_recomputed:
+            as_dict["prefix_recomputed_tokens"] = self.prefix_recomputed
+        return as_dict
 
     def wire(self) -> TimelineWire:
         """``to_dict``, typed: the keys are ``tinyserve.timeline_records``'s."""

@@ -213,6 +213,12 @@ class Submit(Message):
     trace_context: dict[str, str] = field(default_factory=dict)
     # The frontend's admission decision and the board figures it was based on (timeline).
     admission: dict[str, Any] = field(default_factory=dict)
+    # Logprobs of the prompt's own tokens (after the first), with this many alternatives
+    # each (-1: none). Positions the prefix cache holds are prefilled again for their logits.
+    prompt_logprobs: int = -1
+    # Another choice of the same prompt (n > 1): the request id of the one that prefills it.
+    # This one copies its KV (llama_memory_seq_cp) instead of prefilling it again.
+    fork_of: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +298,9 @@ class RequestUpdate(Message):
     # One entry per token in token_ids when the request asked for logprobs:
     # [chosen token's logprob, [[token id, logprob], ...] top alternatives, best first].
     logprobs: list[list[Any]] = field(default_factory=list)
+    # When Submit.prompt_logprobs >= 0: entries (as ``logprobs``) for the prompt tokens whose
+    # logits this tick computed, in prompt order from the second token on.
+    prompt_logprobs: list[list[Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

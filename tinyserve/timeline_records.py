@@ -74,6 +74,13 @@ class GrammarWire(TypedDict):
     build_ms: float
 
 
+class SharedPrefillWire(TypedDict):
+    """A choice (n > 1) that copied its prompt's KV from the choice that prefilled it."""
+
+    request_id: str  # the choice that prefilled the prompt
+    tokens: int  # prompt tokens copied (llama_memory_seq_cp), not prefilled by this one
+
+
 class TimelineWire(TypedDict):
     """A whole timeline as the API returns it (``grammar`` only for constrained requests)."""
 
@@ -92,6 +99,10 @@ class TimelineWire(TypedDict):
     decode: DecodeWire
     finish: FinishWire | None
     grammar: NotRequired[GrammarWire]
+    # A choice that shared another's prefill; prompt tokens the prefix cache held but that
+    # were prefilled again because the request wanted their logprobs.
+    shared_prefill: NotRequired[SharedPrefillWire]
+    prefix_recomputed_tokens: NotRequired[int]
 
 
 def read_wire(timeline: Mapping[str, Any]) -> TimelineWire:

@@ -56,6 +56,8 @@ class RequestTimeline(BaseModel):
     decode: dict[str, Any] | None = None
     finish: dict[str, Any] | None = None
     grammar: dict[str, Any] | None = None
+    shared_prefill: dict[str, Any] | None = None
+    prefix_recomputed_tokens: int | None = None
 
 
 NativeFinishReason = Literal["stop", "length", "cancelled", "queue_timeout", "timeout"]

@@ -25,6 +25,7 @@ SAMPLES: list[p.Message] = [
         arrival_ns=99,
         trace_context={"traceparent": "00-x"},
     ),
+    p.Submit("r2", "f" * 32, [4, 5], p.SamplingParams(), 0, prompt_logprobs=2, fork_of="r1"),
     p.Cancel("r1", "f" * 32, p.FINISH_CANCELLED),
     p.TimelineQuery("f" * 32, 7, "r1"),
     p.TimelineReply("f" * 32, 7, {"request_id": "r1", "prefill": [{"tick": 3, "tokens": 16}]}),
@@ -36,6 +37,7 @@ SAMPLES: list[p.Message] = [
         [
             p.RequestUpdate("r1", 0, [5, 6], b"\xc3", accepted=True),
             p.RequestUpdate("r2", 4, finish_reason=p.FINISH_LENGTH, prompt_tokens=9),
+            p.RequestUpdate("r3", 0, prompt_logprobs=[[-0.5, [[7, -0.25]]], [-1.5, []]]),
         ],
     ),
 ]
@@ -78,9 +80,10 @@ def test_a_feed_update_with_a_wrong_typed_slot_is_rejected() -> None:
 
 
 def test_a_frame_without_trailing_defaulted_fields_still_decodes() -> None:
-    # A sender that predates Submit.admission (the last field) sends one item less.
+    # A sender that predates Submit.admission (and the fields after it) sends fewer items.
     submit = p.Submit("r1", "f" * 32, [1, 2], p.SamplingParams(), 4, admission={"a": 1})
-    items = [p.PROTOCOL_VERSION, p.Submit.TAG, *submit.to_wire()[:-1]]
+    names = [f.name for f in dataclasses.fields(p.Submit)]
+    items = [p.PROTOCOL_VERSION, p.Submit.TAG, *submit.to_wire()[: names.index("admission")]]
     decoded = p.decode(msgpack.packb(items, use_bin_type=True))
     assert isinstance(decoded, p.Submit)
     assert decoded.admission == {} and decoded.prompt_ids == [1, 2]

@@ -1,0 +1,89 @@
+"""Choices of one prompt that share its prefill (``n`` > 1, ``Submit.fork_of``).
+
+The frontend submits the first choice (the leader) and then the others (followers) naming it.
+A follower that the engine accepts while its leader is still waiting or prefilling takes a
+reference to the leader's full prompt blocks (so admission charges them once) and, once it
+holds a slot, waits for the leader's prefill instead of doing its own. When the leader's last
+prompt chunk is decoded, ``fork`` copies the prompt's KV to each waiting follower
+(``llama_memory_seq_cp``: the cells are shared, not duplicated) and every one of them samples
+its first token from the leader's logits row with its own sampler.
+
+A follower granted a slot after its leader's prefill ended copies all but the prompt's last
+token and decodes that one itself (it needs its own logits row). One granted while its leader
+has no slot yet (or after the leader ended) goes alone: waiting on a leader that itself waits
+for a slot could hold every slot idle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.engine.sequence import Sequence, Status
+from tinyserve_native.kv_blocks import BlockAccountant
+
+
+def leader_of(seq: Sequence, by_id: Mapping[str, Sequence]) -> Sequence | None:
+    """The sequence ``seq`` may fork from: named by it, same prompt, not yet decoding."""
+    name = seq.request.fork_of
+    leader = by_id.get(name) if name else None
+    if leader is None or leader.request.prompt_ids != seq.request.prompt_ids:
+        return None
+    if leader.status not in (Status.WAITING, Status.PREFILL) or leader.leader is not None:
+        return None
+    return leader
+
+
+def follow(seq: Sequence, leader: Sequence, blocks: BlockAccountant) -> list[int]:
+    """Make ``seq`` a follower of ``leader``: returns the leader's full prompt blocks, which
+    ``seq`` now holds a reference to (its first blocks)."""
+    shared = leader.blocks[: seq.prompt_len // blocks.block_size]
+    for block in shared:
+        blocks.acquire(block)
+    seq.leader = leader
+    leader.followers.append(seq)
+    return shared
+
+
+def on_grant(seq: Sequence, runtime: LlamaRuntime) -> None:
+    """``seq`` (a follower) got its slot: wait for the leader's prefill, copy the prompt's KV
+    now, or go alone (see the module's docstring)."""
+    leader = seq.leader
+    if leader is None:
+        return
+    if leader.status is Status.PREFILL:
+        return  # fork() takes it when the leader's prompt is in
+    if leader.status is Status.DECODE:
+        shared = seq.prompt_len - 1
+        runtime.share(leader.slot, seq.slot, 0, shared)
+        seq.n_past = shared
+        seq.timeline.forked(leader.request_id, shared)
+    unfollow(seq)
+
+
+def waiting(leader: Sequence) -> list[Sequence]:
+    """The followers of ``leader`` that hold a slot and wait for its prefill."""
+    return [f for f in leader.followers if f.status is Status.PREFILL]
+
+
+def fork(leader: Sequence, follower: Sequence, runtime: LlamaRuntime) -> None:
+    """The leader's prompt is in: copy it to ``follower``, which then decodes (its first
+    token sampled from the leader's logits row)."""
+    runtime.share(leader.slot, follower.slot, 0, leader.prompt_len)
+    follower.n_past = leader.prompt_len
+    follower.timeline.forked(leader.request_id, leader.prompt_len)
+    unfollow(follower)
+
+
+def unfollow(seq: Sequence) -> None:
+    """``seq`` no longer waits on its leader (forked, or going alone)."""
+    if seq.leader is not None:
+        seq.leader.followers.remove(seq)
+        seq.leader = None
+
+
+def release(leader: Sequence) -> None:
+    """``leader`` ends: its remaining followers prefill on their own (their references keep
+    the shared blocks accounted)."""
+    for follower in list(leader.followers):
+        unfollow(follower)
