@@ -21,7 +21,7 @@ from pydantic_core import core_schema
 
 from tinyserve.frontend.http.appkeys import CONFIG
 from tinyserve.frontend.http.auth import OPEN_PATHS
-from tinyserve.frontend.models import chat, native, openai_reply_bodies, openai_requests
+from tinyserve.frontend.models import chat, native, openai_reply_bodies, openai_requests, tokenize
 from tinyserve.frontend.models.common import limited
 from tinyserve.frontend.models.errors import Error, OpenAIError
 
@@ -71,6 +71,12 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/v1/chat/completions", "OpenAI chat completions",
               openai_reply_bodies.ChatCompletion, chat.ChatCompletionRequest,
               openai_reply_bodies.ChatCompletionChunk, _GENERATION_ERRORS, OpenAIError),
+    Operation("post", "/tokenize", "Token ids of a text or a conversation (vLLM's shape)",
+              tokenize.TokenizeReply, tokenize.TokenizeRequest, errors=(400, 404, 415)),
+    Operation("post", "/detokenize", "Text of token ids (vLLM's shape)",
+              tokenize.DetokenizeReply, tokenize.DetokenizeRequest, errors=(400, 404, 415)),
+    Operation("get", "/tokenizer_info", "The vocabulary's special tokens, BOS rule and chat "
+              "template (vLLM's shape)", tokenize.TokenizerInfo),
     Operation("get", "/openapi.json", "This document", OpenAPIDocument),
     Operation("get", "/v1/requests/{request_id}", "Timeline of a recent request",
               native.RequestTimeline, errors=(404, 503), error_schema=OpenAIError),

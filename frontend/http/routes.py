@@ -12,6 +12,7 @@ from tinyserve.frontend.http.openapi_document import openapi_json
 from tinyserve.frontend.native.native_handlers import generate, health, ready
 from tinyserve.frontend.native.request_timeline import request_timeline
 from tinyserve.frontend.openai.openai_handlers import chat_completions, completions, list_models
+from tinyserve.frontend.tokenize.tokenize_handlers import detokenize, tokenize, tokenizer_info
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ ROUTES = (
     Route("GET", "/v1/models", list_models),
     Route("POST", "/v1/completions", completions),
     Route("POST", "/v1/chat/completions", chat_completions),
+    Route("POST", "/tokenize", tokenize),
+    Route("POST", "/detokenize", detokenize),
+    Route("GET", "/tokenizer_info", tokenizer_info),
     Route("GET", "/openapi.json", openapi_json),
     Route("GET", "/metrics", metrics_handler),
 )

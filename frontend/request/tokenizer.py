@@ -96,6 +96,24 @@ class Tokenizer:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._tokenize, text)
 
+    async def tokenize_text(self, text: str, add_special_tokens: bool) -> list[int]:
+        """``tokenize``, or without the BOS (``POST /tokenize``'s ``add_special_tokens``)."""
+        if add_special_tokens:
+            return await self.tokenize(text)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._ids, text, False, True)
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        """The text of ``token_ids`` together (special tokens spelled out); bytes that are
+        not UTF-8 become U+FFFD."""
+        loop = asyncio.get_running_loop()
+        text = await loop.run_in_executor(self._executor, self._text, token_ids)
+        return text.decode("utf-8", "replace")
+
+    @property
+    def n_vocab(self) -> int:
+        return int(self._llama.n_vocab())
+
     async def tokenize_chat(self, prompt: ChatPrompt) -> list[int]:
         """Token ids of a rendered conversation: control tokens only from the template's
         markup, the messages' text as plain text (a 400 if that cannot be guaranteed)."""
@@ -137,6 +155,9 @@ class Tokenizer:
         if self.facts.adds_bos and ids[:2] == [self._bos, self._bos]:
             del ids[0]
         return ids
+
+    def _text(self, token_ids: list[int]) -> bytes:
+        return bytes(self._llama.detokenize(token_ids, special=True))
 
     def _pieces(self, token_ids: list[int]) -> list[bytes]:
         return [self._llama.detokenize([token], special=True) for token in token_ids]

@@ -1,0 +1,80 @@
+"""``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info``, in vLLM's shapes
+(lm-evaluation-harness's ``tokenizer_backend=remote`` reads exactly these)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Self
+
+from pydantic import Field, model_validator
+
+from tinyserve.frontend.models.chat import ChatMessage
+from tinyserve.frontend.models.common import (
+    INTEGRAL,
+    Reply,
+    Request,
+    Text,
+    cross_field,
+    expect,
+)
+
+TokenId = Annotated[int, Field(ge=0), INTEGRAL]
+
+
+class TokenizeRequest(Request):
+    """Either ``prompt`` (text) or ``messages`` (rendered with the model's chat template, as
+    ``/v1/chat/completions`` does), not both."""
+
+    model: Text | None = Field(None, description="when given, the id GET /v1/models lists")
+    prompt: Annotated[Text, expect("a string")] | None = Field(None, description="text")
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = Field(
+        None, description="a conversation, rendered with the model's chat template"
+    )
+    add_special_tokens: bool | None = Field(
+        None,
+        description="text only: add the model's BOS when its tokenizer does (default true); "
+        "special tokens spelled in the text are parsed either way",
+    )
+    add_generation_prompt: bool = Field(
+        True, description="messages only: end with the assistant's header"
+    )
+    return_token_strs: bool = Field(False, description="also return each token's text")
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> Self:
+        if (self.prompt is None) == (self.messages is None):
+            raise cross_field("prompt", "give exactly one of 'prompt' and 'messages'")
+        if self.messages is not None and self.add_special_tokens is not None:
+            message = "'add_special_tokens' applies to 'prompt' only"
+            raise cross_field("add_special_tokens", message)
+        return self
+
+
+class TokenizeReply(Reply):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(Request):
+    model: Text | None = Field(None, description="when given, the id GET /v1/models lists")
+    tokens: Annotated[list[TokenId], expect("a list of token ids >= 0")] = Field(
+        description="token ids of the served model"
+    )
+
+
+class DetokenizeReply(Reply):
+    prompt: str
+
+
+class TokenizerInfo(Reply):
+    """What a client needs to tokenize like the server without loading the tokenizer."""
+
+    tokenizer_class: str
+    model: str
+    vocab_size: int
+    model_max_length: int
+    bos_token: str
+    eos_token: str
+    add_bos_token: bool
+    chat_template: str | None

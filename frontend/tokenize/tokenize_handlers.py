@@ -1,0 +1,108 @@
+"""The tokenizer routes, in vLLM's shapes: ``POST /tokenize``, ``POST /detokenize``,
+``GET /tokenizer_info``. An evaluation harness (lm-evaluation-harness's
+``tokenizer_backend=remote``) tokenizes with the server's own vocabulary through them, so it
+needs no tokenizer download and counts exactly the tokens the engine will see."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from aiohttp import web
+
+from tinyserve.frontend.http.api_errors import MODEL_NOT_FOUND, ApiError, invalid
+from tinyserve.frontend.http.appkeys import CHAT_TEMPLATE, CONFIG, LINK, TOKENIZER
+from tinyserve.frontend.models.common import json_response
+from tinyserve.frontend.models.parse import json_body, parse_body
+from tinyserve.frontend.models.tokenize import (
+    DetokenizeReply,
+    DetokenizeRequest,
+    TokenizeReply,
+    TokenizeRequest,
+    TokenizerInfo,
+)
+from tinyserve.model import model_name
+
+TOKENIZER_CLASS = "llama.cpp"  # the GGUF's own vocabulary, through llama.cpp
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """Token ids of a text or of a conversation rendered with the chat template."""
+    app = request.app
+    req = await _parsed(request, TokenizeRequest)
+    tokenizer = app[TOKENIZER]
+    if req.messages is not None:
+        chat = app[CHAT_TEMPLATE].render(
+            [message.for_template() for message in req.messages],
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=False,
+        )
+        ids = await tokenizer.tokenize_chat(chat)
+    else:
+        assert req.prompt is not None
+        add_special = req.add_special_tokens is not False
+        ids = await tokenizer.tokenize_text(req.prompt, add_special)
+    strs = None
+    if req.return_token_strs:
+        strs = [p.decode("utf-8", "replace") for p in await tokenizer.token_pieces(ids)]
+    reply = TokenizeReply(count=len(ids), max_model_len=_max_len(request), tokens=ids)
+    reply.token_strs = strs
+    return json_response(reply)
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    """The text of token ids (special tokens spelled out)."""
+    req = await _parsed(request, DetokenizeRequest)
+    tokenizer = request.app[TOKENIZER]
+    bad = next((t for t in req.tokens if t >= tokenizer.n_vocab), None)
+    if bad is not None:
+        message = f"'tokens' id {bad} is not in the vocabulary (size {tokenizer.n_vocab})"
+        raise invalid(message, "tokens")
+    return json_response(DetokenizeReply(prompt=await tokenizer.detokenize(req.tokens)))
+
+
+async def tokenizer_info(request: web.Request) -> web.Response:
+    """The vocabulary's facts: special tokens, BOS rule, chat template, sizes."""
+    tokenizer = request.app[TOKENIZER]
+    facts = tokenizer.facts
+    info = TokenizerInfo(
+        tokenizer_class=TOKENIZER_CLASS,
+        model=_model(request),
+        vocab_size=tokenizer.n_vocab,
+        model_max_length=_max_len(request),
+        bos_token=facts.bos_text,
+        eos_token=facts.eos_text,
+        add_bos_token=facts.adds_bos,
+        chat_template=facts.chat_template,
+    )
+    return json_response(info)
+
+
+B = TypeVar("B", TokenizeRequest, DetokenizeRequest)
+
+
+async def _parsed(request: web.Request, model: type[B]) -> B:
+    """The body as ``model``; a ``model`` field, when given, must name the served model."""
+    req = parse_body(await json_body(request), model, request.app[CONFIG])
+    if req.model is not None:
+        check_model(request, req.model)
+    return req
+
+
+def check_model(request: web.Request, model: str) -> None:
+    """A 404 unless ``model`` is the served model's id (the tokenizer is that model's)."""
+    served = _model(request)
+    if model != served:
+        message = f"'model' {model!r} does not exist; this server serves {served!r}"
+        raise ApiError(404, MODEL_NOT_FOUND, message, param="model")
+
+
+def _model(request: web.Request) -> str:
+    # The engine's word once it said so (it loaded the model), else our config's.
+    ack, config = request.app[LINK].ack, request.app[CONFIG]
+    return ack.model_name if ack is not None else model_name(config.model, config.model_name)
+
+
+def _max_len(request: web.Request) -> int:
+    # The engine's context once it said so; the configured one before.
+    ack = request.app[LINK].ack
+    return ack.n_ctx if ack is not None else request.app[CONFIG].ctx

@@ -1,0 +1,84 @@
+"""The tokenizer routes (vLLM's shapes) through the frontend, with the model's real vocabulary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import llama_cpp
+import pytest
+from aiohttp.test_utils import TestClient
+
+from tests.frontend.harness import N_CTX
+from tinyserve.model import resolve_model_path
+
+Client = TestClient[Any, Any]
+TEXT = "Hello, world! Ünïcödé and 漢字 too."
+
+
+@pytest.fixture(scope="module")
+def vocab() -> llama_cpp.Llama:
+    return llama_cpp.Llama(str(resolve_model_path(None)), vocab_only=True, verbose=False)
+
+
+async def test_tokenize_matches_the_vocabulary_and_round_trips(
+    served: Client, vocab: llama_cpp.Llama
+) -> None:
+    reply = await (await served.post("/tokenize", json={"prompt": TEXT})).json()
+    expected = vocab.tokenize(TEXT.encode(), add_bos=True, special=True)
+    assert reply["tokens"] == expected
+    assert reply["count"] == len(expected)
+    assert reply["max_model_len"] == N_CTX  # the engine's figure once it said so
+    assert reply.get("token_strs") is None
+    back = await (await served.post("/detokenize", json={"tokens": reply["tokens"]})).json()
+    assert back == {"prompt": vocab.detokenize(expected, special=True).decode()}
+    assert TEXT in back["prompt"]
+
+
+async def test_add_special_tokens_false_leaves_bos_out_but_parses_special_text(
+    served: Client, vocab: llama_cpp.Llama
+) -> None:
+    eos = vocab.detokenize([vocab.token_eos()], special=True).decode()
+    body = {"prompt": "a" + eos, "add_special_tokens": False, "return_token_strs": True}
+    reply = await (await served.post("/tokenize", json=body)).json()
+    assert reply["tokens"][-1] == vocab.token_eos()
+    assert reply["tokens"] == vocab.tokenize(("a" + eos).encode(), add_bos=False, special=True)
+    assert "".join(reply["token_strs"]) == "a" + eos
+
+
+async def test_tokenize_messages_renders_the_chat_template(served: Client) -> None:
+    body = {"messages": [{"role": "user", "content": "Hi there"}]}
+    reply = await (await served.post("/tokenize", json=body)).json()
+    text = await (await served.post("/detokenize", json={"tokens": reply["tokens"]})).json()
+    assert "Hi there" in text["prompt"]
+    plain = await (await served.post("/tokenize", json={"prompt": "Hi there"})).json()
+    assert reply["count"] > plain["count"]  # the template's markup is in it
+
+
+async def test_tokenizer_info(served: Client, vocab: llama_cpp.Llama) -> None:
+    info = await (await served.get("/tokenizer_info")).json()
+    assert info["eos_token"] == vocab.detokenize([vocab.token_eos()], special=True).decode()
+    assert info["vocab_size"] == vocab.n_vocab()
+    assert info["model_max_length"] == N_CTX
+    assert isinstance(info["add_bos_token"], bool)
+    assert info["chat_template"]  # the default model's GGUF carries one
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/tokenize", {"prompt": "a", "model": "other"}, "model"),
+        ("/detokenize", {"tokens": [1, -1]}, "tokens"),
+        ("/detokenize", {"tokens": [10**9]}, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+    ],
+)
+async def test_bad_input_is_a_4xx_naming_the_field(
+    served: Client, path: str, body: dict[str, Any], param: str
+) -> None:
+    response = await served.post(path, json=body)
+    assert response.status in (400, 404), await response.text()
+    error = (await response.json())["error"]  # the native shape: the message names the field
+    assert f"'{param}'" in error["message"], error
