@@ -29,6 +29,7 @@ setup(
         "tinyserve.frontend.native",
         "tinyserve.frontend.openai",
         "tinyserve.frontend.request",
+        "tinyserve.frontend.structured",
         "tinyserve.frontend.tokenize",
         "tinyserve_native",
     ],

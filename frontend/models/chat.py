@@ -136,8 +136,6 @@ class ChatCompletionRequest(OpenAIRequest):
     prompt_cache_options: Any = Field(None, description=IGNORED)
     parallel_tool_calls: Any = Field(None, description=IGNORED)
     # Features this server lacks.
-    logit_bias: Annotated[Any, OnlyDefault(({},))] = None
-    response_format: Annotated[Any, OnlyDefault(({"type": "text"},))] = None
     tools: Annotated[Any, OnlyDefault(([],))] = None
     tool_choice: Annotated[Any, OnlyDefault(("none",))] = None
     functions: Annotated[Any, OnlyDefault(([],))] = None

@@ -44,6 +44,22 @@ Tenant = Annotated[
     expect("1 to 64 characters of A-Z, a-z, 0-9, '.', '_', '-'"),
 ]
 Penalty = Annotated[float, Field(ge=-2, le=2), expect("a number between -2 and 2")]
+Fraction = Annotated[float, Field(ge=0, le=1), expect("a number between 0 and 1")]
+TypicalP = Annotated[float, Field(gt=0, le=1), expect("a number in (0, 1]")]
+RepetitionPenalty = Annotated[float, Field(gt=0, le=10), expect("a number in (0, 10]")]
+MinTokens = Annotated[int, Field(ge=0), INTEGRAL, expect("an integer of at least 0")]
+MAX_LOGIT_BIAS = 300  # entries
+LogitBias = Annotated[
+    dict[
+        Annotated[str, Field(pattern=r"^[0-9]{1,9}$")],
+        Annotated[float, Field(ge=-100, le=100)],
+    ],
+    Field(max_length=MAX_LOGIT_BIAS),
+    expect(
+        f"an object of at most {MAX_LOGIT_BIAS} token ids (as strings) to numbers "
+        "between -100 and 100"
+    ),
+]
 StopString = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 Stop = Annotated[
@@ -76,6 +92,15 @@ class Sampling(Request):
     stop: Stop = Field(
         [], description="generation ends before the first of these; the stop string is not returned"
     )
+    min_p: Fraction = Field(0.0, description="drop tokens below min_p x the likeliest's odds")
+    typical_p: TypicalP = Field(1.0, description="locally typical sampling (1: off)")
+    repetition_penalty: RepetitionPenalty = Field(
+        1.0, description="divide the logits of the last 64 tokens by it (1: off)"
+    )
+    min_tokens: MinTokens = Field(0, description="no end-of-generation token before this many")
+    logit_bias: LogitBias = Field(
+        {}, description="token id -> bias added to its logit (-100 bans, 100 forces)"
+    )
     priority: Priority = Field(0, description="larger is more important (--policy priority)")
     tenant: Tenant = Field("default", description="fairness group")
 
@@ -85,5 +110,7 @@ class Sampling(Request):
         fields = type(self).model_fields
         values = {name: getattr(self, name) for name in _GENERATION if name in fields}
         values |= overrides
+        if "logit_bias" in values:  # JSON keys are strings; the engine's are token ids
+            values["logit_bias"] = {int(k): v for k, v in values["logit_bias"].items()}
         sampling = SamplingParams(**{name: values.pop(name) for name in _SAMPLING & set(values)})
         return Generation(sampling=sampling, **values)

@@ -7,15 +7,16 @@ failure; ``timeline`` is there only when the request asked for it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
 from tinyserve.config import Config
-from tinyserve.frontend.models.common import Reply, Text, expect, is_none
+from tinyserve.frontend.models.common import Reply, Text, cross_field, expect, is_none
 from tinyserve.frontend.models.errors import ErrorDetail
 from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, OutputLength, Sampling
 from tinyserve.frontend.request.generation import Generation
+from tinyserve.frontend.structured.constraints import schema_grammar
 
 
 class GenerateRequest(Sampling):
@@ -26,10 +27,25 @@ class GenerateRequest(Sampling):
     )
     max_tokens: OutputLength = Field(None, description=MAX_TOKENS_TEXT)
     timeline: bool = Field(False, description="add the engine's timeline to the final object")
+    grammar: Text = Field("", description="GBNF grammar the output follows (root rule: root)")
+    json_schema: dict[str, Any] | None = Field(
+        None, description="JSON schema the output follows (a grammar is built from it)"
+    )
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> Self:
+        if self.grammar and self.json_schema is not None:
+            raise cross_field("json_schema", "'grammar' and 'json_schema' exclude each other")
+        return self
 
     def generation(self, config: Config) -> Generation:
         """The request with every default resolved."""
-        return self.resolved(max_tokens=self.max_tokens or config.default_max_tokens)
+        max_tokens = self.max_tokens or config.default_max_tokens
+        if self.json_schema is not None:
+            return self.resolved(
+                max_tokens=max_tokens, grammar=schema_grammar(self.json_schema, "json_schema")
+            )
+        return self.resolved(max_tokens=max_tokens)
 
 
 # -- replies -------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from tinyserve.frontend.models.fields import (
     Sampling,
     Temperature,
 )
+from tinyserve.frontend.models.response_format import ResponseFormat
 from tinyserve.frontend.request.generation import Generation
 
 MAX_LOGPROBS = 5
@@ -70,6 +71,9 @@ class OpenAIRequest(Sampling):
     stream_options: StreamOptions | None = None
     presence_penalty: Penalty = Field(0.0, description="penalise tokens already present")
     frequency_penalty: Penalty = Field(0.0, description="penalise tokens by their count")
+    response_format: ResponseFormat | None = Field(
+        None, description="text, any JSON object, or JSON following a schema (enforced)"
+    )
     user: Text = Field(
         "",
         description="end user; the scheduling tenant unless 'tenant' is given "
@@ -141,7 +145,6 @@ class CompletionRequest(OpenAIRequest):
     best_of: Annotated[Any, OnlyDefault((1,))] = None
     echo: Annotated[Any, OnlyDefault((False,))] = None
     suffix: Annotated[Any, OnlyDefault(("",))] = None
-    logit_bias: Annotated[Any, OnlyDefault(({},))] = None
 
     def generation(self, config: Config) -> Generation:
         """The request with every default resolved; the prompt is empty when it came as token

@@ -16,6 +16,7 @@ from tinyserve.frontend.models.parse import json_body, parse_body
 from tinyserve.frontend.native.native_reply import native_reply
 from tinyserve.frontend.request import admission, pipeline
 from tinyserve.frontend.request.reply_common import engine_unavailable, rejection_error
+from tinyserve.frontend.structured.constraints import check_constraints
 
 
 async def health(request: web.Request) -> web.Response:
@@ -38,4 +39,6 @@ async def generate(request: web.Request) -> web.StreamResponse:
     """Generate a completion for one prompt; JSON or SSE as the request asks."""
     config = request.app[CONFIG]
     req = parse_body(await json_body(request), GenerateRequest, config)
-    return await pipeline.run(request, req.generation(config), native_reply)
+    generation = req.generation(config)
+    await check_constraints(request, generation, "json_schema" if req.json_schema else "grammar")
+    return await pipeline.run(request, generation, native_reply)

@@ -22,7 +22,9 @@ from tinyserve.frontend.models.openai_requests import CompletionRequest, OpenAIR
 from tinyserve.frontend.models.parse import json_body, parse_body
 from tinyserve.frontend.openai.openai_reply import CHAT, COMPLETIONS, OpenAIReply, Surface
 from tinyserve.frontend.request import pipeline
+from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.reply_common import engine_unavailable
+from tinyserve.frontend.structured.constraints import check_constraints, response_format_grammar
 
 OWNED_BY = "tinyserve"
 
@@ -40,7 +42,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG]
     req = parse_body(await json_body(request), CompletionRequest, config)
     _check_model(request, req.model)
-    generation = req.generation(config)
+    generation = await _constrained(request, req, req.generation(config))
     reply = _reply(request, req, COMPLETIONS, generation.sampling.logprobs)
     return await pipeline.run(request, generation, reply, req.prompt_ids)
 
@@ -58,8 +60,21 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     # Tokenized here, in parts: the messages' text must never become control tokens.
     prompt_ids = await request.app[TOKENIZER].tokenize_chat(chat)
     generation = dataclasses.replace(req.generation(config), prompt=chat.text)
+    generation = await _constrained(request, req, generation)
     reply = _reply(request, req, CHAT, generation.sampling.logprobs)
     return await pipeline.run(request, generation, reply, prompt_ids)
+
+
+async def _constrained(
+    request: web.Request, req: OpenAIRequest, generation: Generation
+) -> Generation:
+    """``generation`` with the grammar of its ``response_format``, checked (a 400 if not)."""
+    grammar = response_format_grammar(req.response_format)
+    if grammar:
+        sampling = dataclasses.replace(generation.sampling, grammar=grammar)
+        generation = dataclasses.replace(generation, sampling=sampling)
+    await check_constraints(request, generation, "response_format")
+    return generation
 
 
 def _reply(

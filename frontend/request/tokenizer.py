@@ -9,8 +9,15 @@ load yields what chat templates need: the GGUF's template and the BOS/EOS token 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,6 +132,12 @@ class Tokenizer:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._pieces, token_ids)
 
+    async def grammar_problem(self, grammar: str) -> str | None:
+        """Why llama.cpp cannot build a sampler for the GBNF ``grammar`` (root rule ``root``)
+        with this vocabulary, or None when it can: the engine then never sees a bad one."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._grammar_problem, grammar)
+
     def close(self) -> None:
         """Stop the worker thread (after any call in flight) and free the vocabulary."""
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -156,6 +169,15 @@ class Tokenizer:
             del ids[0]
         return ids
 
+    def _grammar_problem(self, grammar: str) -> str | None:
+        vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
+        with _stderr_captured() as said:
+            sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
+        if sampler:
+            llama_cpp.llama_sampler_free(sampler)
+            return None
+        return _grammar_error(said())
+
     def _text(self, token_ids: list[int]) -> bytes:
         return bytes(self._llama.detokenize(token_ids, special=True))
 
@@ -164,7 +186,25 @@ class Tokenizer:
 
 
 def _load_vocab(path: Path) -> llama_cpp.Llama:
-    return llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    llama = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    return llama
+
+
+# llama.cpp's log lines while a grammar is built (it says there why one fails); None otherwise.
+_llama_said: list[str] | None = None
+
+
+def _route_llama_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    message = text.decode("utf-8", "replace")
+    if _llama_said is not None:
+        _llama_said.append(message)
+    elif message.strip():
+        log.debug("llama.cpp: %s", message.rstrip())
+
+
+# NOTE: the callback object must outlive every llama.cpp call, so it lives at module level.
+_LOG_CALLBACK = llama_cpp.llama_log_callback(_route_llama_log)
 
 
 def _facts_of(llama: llama_cpp.Llama, path: Path) -> VocabFacts:
@@ -180,3 +220,52 @@ def _facts_of(llama: llama_cpp.Llama, path: Path) -> VocabFacts:
         eos_text=text(llama.token_eos()),
         adds_bos=list(llama.tokenize(b"", add_bos=True)) == [llama.token_bos()],
     )
+
+
+# What llama.cpp writes when a grammar does not build: a parse error (with the grammar's text
+# after it), a missing root rule, left recursion.
+_GRAMMAR_ERRORS = (
+    re.compile(r"error parsing grammar: (.+)"),
+    re.compile(r"(grammar does not contain a .root. symbol)"),
+    re.compile(r"(left recursion detected for nonterminal at index \d+)"),
+)
+
+
+def _grammar_error(said: str) -> str:
+    for pattern in _GRAMMAR_ERRORS:
+        found = pattern.search(said)
+        if found:
+            return found.group(1).strip()
+    return "llama.cpp could not build it"
+
+
+@contextmanager
+def _stderr_captured() -> Iterator[Callable[[], str]]:
+    """Collect what llama.cpp says in the block: it reports grammar errors on file descriptor
+    2 (C ``fprintf``) or through its log callback (``_route_llama_log``), nowhere else.
+
+    NOTE: the handlers of Python's logging are held for the block (well under a millisecond),
+    so no log line of another thread is written into the capture instead of the real stderr.
+    """
+    handlers = [h for h in logging.getLogger().handlers]
+    for handler in handlers:
+        handler.acquire()
+    global _llama_said
+    _llama_said = chunks = []
+    saved = os.dup(2)
+    try:
+        with tempfile.TemporaryFile() as capture:
+            sys.stderr.flush()
+            os.dup2(capture.fileno(), 2)
+            try:
+                yield lambda: "".join(chunks)
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                capture.seek(0)
+                chunks.append(capture.read().decode("utf-8", "replace"))
+    finally:
+        _llama_said = None
+        os.close(saved)
+        for handler in handlers:
+            handler.release()

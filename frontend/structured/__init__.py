@@ -1,0 +1,1 @@
+"""Structured output: JSON schemas turned into GBNF grammars the engine enforces."""
