@@ -25,6 +25,7 @@ from typing import Any
 from tinyserve import capacity
 from tinyserve.config import Config
 from tinyserve.engine import forks, prompt_logprobs
+from tinyserve.engine.deadline import due_ns
 from tinyserve.engine.drafts import TickDrafts
 from tinyserve.engine.policies import Policy, make_policy
 from tinyserve.engine.prefix_cache import NO_HIT, PrefixCache
@@ -36,6 +37,7 @@ from tinyserve.errors import EngineFatalError, RequestError
 from tinyserve.logs import fields
 from tinyserve.protocol import (
     FINISH_CANCELLED,
+    FINISH_DEADLINE_MISSED,
     FINISH_ERROR,
     FINISH_LENGTH,
     FINISH_QUEUE_TIMEOUT,
@@ -82,7 +84,9 @@ class EngineCore:
         self.n_ctx = runtime.n_ctx
         runtime.clear()  # NOTE: all KV state must be ours: the accounting starts from empty
         self.blocks = BlockAccountant(self.n_ctx // config.block_size, config.block_size)
-        self.policy: Policy = make_policy(config.policy, config.tenant_weight_map)
+        self.policy: Policy = make_policy(
+            config.policy, config.tenant_weight_map, config.srpt_aging
+        )
         cache_seqs = range(config.slots, config.slots + config.cache_seqs)
         self.cache = PrefixCache(runtime, self.blocks, cache_seqs) if config.prefix_cache else None
         self.slots: list[Sequence | None] = [None] * config.slots
@@ -220,7 +224,10 @@ class EngineCore:
         total_ns = int(self.config.request_timeout * 1e9)
         for seq in list(self.by_id.values()):
             age = now - seq.request.arrival_ns
-            if queue_ns and seq.status is Status.WAITING and age > queue_ns:
+            due = due_ns(seq.request)
+            if due is not None and now > due:
+                self._finish(seq, FINISH_DEADLINE_MISSED, cause=Cause.DEADLINE)
+            elif queue_ns and seq.status is Status.WAITING and age > queue_ns:
                 self._finish(seq, FINISH_QUEUE_TIMEOUT, cause=Cause.QUEUE_TIMEOUT)
             elif total_ns and age > total_ns:
                 self._finish(seq, FINISH_TIMEOUT, cause=Cause.REQUEST_TIMEOUT)

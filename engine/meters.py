@@ -19,6 +19,7 @@ _CANCELLATIONS = {
     Cause.FRONTEND_GONE: "frontend_gone",
     Cause.REQUEST_TIMEOUT: "request_timeout",
     Cause.QUEUE_TIMEOUT: "queue_timeout",
+    Cause.DEADLINE: "deadline_missed",
 }
 OTHER_TENANTS = "other"
 # Gauges of the load, in the order _set_gauges lists their values.

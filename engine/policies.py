@@ -121,13 +121,24 @@ class PriorityPolicy(HeapPolicy):
         return f"priority={seq.request.priority}"
 
 
-def make_policy(name: str, weights: dict[str, float] | None = None) -> Policy:
-    """The policy named by ``--policy``; ``weights`` are WFQ's tenant weights."""
+def make_policy(
+    name: str, weights: dict[str, float] | None = None, srpt_aging: float | None = None
+) -> Policy:
+    """The policy named by ``--policy``; ``weights`` are WFQ's tenant weights, ``srpt_aging``
+    SRPT's tokens forgiven per second waited (None: its default)."""
+    from tinyserve.engine.deadline import DeadlinePolicy
+    from tinyserve.engine.srpt import DEFAULT_AGING, SrptPolicy
     from tinyserve.engine.wfq import WfqPolicy
 
     if name == "wfq":
         return WfqPolicy(weights)
-    policies: dict[str, type[HeapPolicy]] = {"fifo": FifoPolicy, "priority": PriorityPolicy}
+    if name == "srpt":
+        return SrptPolicy(DEFAULT_AGING if srpt_aging is None else srpt_aging)
+    policies: dict[str, type[HeapPolicy]] = {
+        "fifo": FifoPolicy,
+        "priority": PriorityPolicy,
+        "deadline": DeadlinePolicy,
+    }
     if name not in policies:
         raise ValueError(f"unknown scheduling policy {name!r}")
     return policies[name]()

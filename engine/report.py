@@ -17,6 +17,8 @@ from tinyserve.protocol import RequestUpdate
 RULE_ARRIVAL = "arrival"  # fifo: the oldest waiting request
 RULE_PRIORITY = "priority"  # priority: the highest priority waiting
 RULE_TENANT = "tenant"  # wfq: the backlogged tenant with the smallest virtual time
+RULE_DEADLINE = "deadline"  # deadline: the earliest due time (none: last, by arrival)
+RULE_WORK = "work"  # srpt: the smallest work, aged by the time waited
 
 
 class Cause(enum.Enum):
@@ -27,6 +29,7 @@ class Cause(enum.Enum):
     FRONTEND_GONE = "frontend_gone"  # its frontend's process died
     REQUEST_TIMEOUT = "request_timeout"  # --request-timeout
     QUEUE_TIMEOUT = "queue_timeout"  # --queue-timeout
+    DEADLINE = "deadline"  # the request's own deadline_ms passed
     ENGINE = "engine"  # the engine stopped (drain timeout)
 
 

@@ -14,12 +14,20 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
 from tinyserve.engine.timeline import Timeline
-from tinyserve.protocol import FINISH_ERROR, FINISH_QUEUE_TIMEOUT, FINISH_REJECTED, FINISH_TIMEOUT
+from tinyserve.protocol import (
+    FINISH_DEADLINE_MISSED,
+    FINISH_ERROR,
+    FINISH_QUEUE_TIMEOUT,
+    FINISH_REJECTED,
+    FINISH_TIMEOUT,
+)
 from tinyserve.timeline_records import NS_PER_MS
 from tinyserve.tracing import Tracing, extract
 
 # Finish reasons that mark the span they ended with an error status.
-FAILED = frozenset({FINISH_ERROR, FINISH_TIMEOUT, FINISH_QUEUE_TIMEOUT, FINISH_REJECTED})
+FAILED = frozenset(
+    {FINISH_ERROR, FINISH_TIMEOUT, FINISH_QUEUE_TIMEOUT, FINISH_REJECTED, FINISH_DEADLINE_MISSED}
+)
 
 
 class SpanRecorder:

@@ -134,8 +134,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("block_size", _pint, 16, "tokens per KV accounting block", _ENG),
     Option("threads", _nnint, 0, "llama.cpp threads (0: the CPUs this process may use)", _ENG),
     Option("max_queue", _pint, 64, "waiting requests across the node before queue_full", _ALL),
-    Option("policy", str, "wfq", "who gets the next free slot", _ENG, ("fifo", "priority", "wfq")),
+    Option(
+        "policy",
+        str,
+        "wfq",
+        "who gets the next free slot",
+        _ENG,
+        ("fifo", "priority", "wfq", "deadline", "srpt"),
+    ),
     Option("tenant_weights", _weights, "", "WFQ weights: name=w,... (others weigh 1)", _ENG),
+    Option("srpt_aging", _nnfloat, 100.0, "SRPT: tokens of work forgiven per second waited", _ENG),
     Option("prefix_cache", _bool, True, "keep finished prompts' KV blocks for reuse", _ENG),
     Option(
         "cache_seqs", _nnint, 16, "spare llama.cpp sequence ids that hold cached prefixes", _ENG
@@ -193,6 +201,7 @@ class Config:
     prefix_cache: bool
     cache_seqs: int
     tenant_weights: str
+    srpt_aging: float
     drain_timeout: float
     trace_exporter: str
     timeline_keep: int

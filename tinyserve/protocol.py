@@ -35,6 +35,7 @@ FINISH_TIMEOUT = "timeout"
 FINISH_ERROR = "error"
 FINISH_REJECTED = "rejected"
 FINISH_CLIENT_STALLED = "client_stalled"  # a cancel: the client stopped reading its stream
+FINISH_DEADLINE_MISSED = "deadline_missed"  # unfinished when its deadline_ms passed
 
 # Why the engine turned a request away (FINISH_REJECTED); the frontend answers 503 or 400.
 REJECT_QUEUE_FULL = "queue_full"
@@ -219,6 +220,7 @@ class Submit(Message):
     # Another choice of the same prompt (n > 1): the request id of the one that prefills it.
     # This one copies its KV (llama_memory_seq_cp) instead of prefilling it again.
     fork_of: str = ""
+    deadline_ms: int = 0  # finish within this many ms of arrival_ns (0: no deadline)
 
 
 @dataclass(frozen=True, slots=True)

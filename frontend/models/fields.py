@@ -38,6 +38,13 @@ Seed = Annotated[
     int, Field(ge=0, le=SEED_MAX), INTEGRAL, expect(f"null or an integer between 0 and {SEED_MAX}")
 ]
 Priority = Annotated[int, Field(ge=-10, le=10), INTEGRAL, expect("an integer between -10 and 10")]
+DEADLINE_MS_MAX = 3_600_000  # an hour
+DeadlineMs = Annotated[
+    int,
+    Field(ge=1, le=DEADLINE_MS_MAX),
+    INTEGRAL,
+    expect(f"null or an integer between 1 and {DEADLINE_MS_MAX}"),
+]
 Tenant = Annotated[
     str,
     Field(pattern=TENANT_PATTERN),
@@ -103,6 +110,11 @@ class Sampling(Request):
     )
     priority: Priority = Field(0, description="larger is more important (--policy priority)")
     tenant: Tenant = Field("default", description="fairness group")
+    deadline_ms: DeadlineMs | None = Field(
+        None,
+        description="finish within this many ms of arrival, else end with deadline_missed "
+        "(--policy deadline also admits the earliest deadline first)",
+    )
 
     def resolved(self, **overrides: Any) -> Generation:
         """The request with every default resolved: each field ``Generation`` has too, by

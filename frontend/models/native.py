@@ -76,7 +76,9 @@ class RequestTimeline(BaseModel):
     prefix_recomputed_tokens: int | None = None
 
 
-NativeFinishReason = Literal["stop", "length", "cancelled", "queue_timeout", "timeout"]
+NativeFinishReason = Literal[
+    "stop", "length", "cancelled", "queue_timeout", "timeout", "deadline_missed"
+]
 
 
 class NativeUsage(Reply):

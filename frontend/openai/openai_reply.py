@@ -6,9 +6,10 @@ usage chunk (``choices: []``) when ``stream_options.include_usage``, then ``data
 failure after the headers went out is a ``data: {"error": {...}}`` event (``OpenAIError``),
 which the openai client raises as ``APIError``, then ``[DONE]``.
 
-Finish reasons: ``stop`` and ``length`` as they are; ``timeout`` (request time limit) and
-``cancelled`` are output cut short, so ``length``; ``queue_timeout`` (no token made) is a 503
-with Retry-After; ``error`` and ``rejected`` are errors, as on ``/generate``.
+Finish reasons: ``stop`` and ``length`` as they are; ``timeout`` (request time limit),
+``cancelled`` and ``deadline_missed`` are output cut short, so ``length``; ``queue_timeout``
+(no token made) is a 503 with Retry-After; ``error`` and ``rejected`` are errors, as on
+``/generate``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ FINISH_REASONS: dict[str, FinishReason] = {
     protocol.FINISH_LENGTH: "length",
     protocol.FINISH_TIMEOUT: "length",
     protocol.FINISH_CANCELLED: "length",
+    protocol.FINISH_DEADLINE_MISSED: "length",
 }
 Chunk = CompletionChunk | ChatCompletionChunk
 

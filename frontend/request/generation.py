@@ -21,6 +21,7 @@ class Generation:
     priority: int = 0
     tenant: str = "default"
     timeline: bool = False
+    deadline_ms: int | None = None
 
 
 def check_prompt_fits(prompt_tokens: int, max_tokens: int, n_ctx: int) -> None:

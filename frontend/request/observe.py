@@ -36,7 +36,12 @@ _TRACE_HEADERS = ("traceparent", "tracestate")
 # Endings that mark the request span with an error status even under a 200 (a stream's
 # status is sent before its end is known).
 FAILED_FINISHES = frozenset(
-    {protocol.FINISH_ERROR, protocol.FINISH_TIMEOUT, protocol.FINISH_QUEUE_TIMEOUT}
+    {
+        protocol.FINISH_ERROR,
+        protocol.FINISH_TIMEOUT,
+        protocol.FINISH_QUEUE_TIMEOUT,
+        protocol.FINISH_DEADLINE_MISSED,
+    }
 )
 
 

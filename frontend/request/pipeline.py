@@ -108,6 +108,7 @@ def _submit_message(
         priority=req.priority,
         tenant=req.tenant,
         arrival_ns=record.arrival_ns,
+        deadline_ms=req.deadline_ms or 0,
         trace_context=trace_context(record),
         admission=record.admission,
     )

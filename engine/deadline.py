@@ -1,0 +1,45 @@
+"""Earliest deadline first: the waiting request due soonest gets the next free slot.
+
+A request's deadline is ``deadline_ms`` after its arrival at the frontend (``arrival_ns``, a
+host-wide monotonic stamp, so every frontend's requests share one time line). Requests
+without one go after every request that has one, in arrival order among themselves: they
+wait while deadlined work keeps arriving, as low priorities do under ``priority``
+(``--queue-timeout`` bounds that wait).
+
+The policy only orders. Missing a deadline is the core's rule and holds under every policy: a
+request still unfinished when its deadline passes ends then with ``deadline_missed`` (a
+waiting one is never granted a slot; a running one keeps the tokens it already streamed).
+"""
+
+from __future__ import annotations
+
+from tinyserve.engine.policies import HeapPolicy
+from tinyserve.engine.report import RULE_DEADLINE
+from tinyserve.engine.sequence import Sequence
+from tinyserve.protocol import Submit
+
+_NS_PER_MS = 1_000_000
+
+
+def due_ns(request: Submit) -> int | None:
+    """When ``request`` must be finished (monotonic ns), or None if it has no deadline."""
+    if not request.deadline_ms:
+        return None
+    return request.arrival_ns + request.deadline_ms * _NS_PER_MS
+
+
+class DeadlinePolicy(HeapPolicy):
+    """Smallest due time first; no deadline after all deadlines; arrival order breaks ties."""
+
+    name = "deadline"
+    rule_kind = RULE_DEADLINE
+
+    def key(self, seq: Sequence) -> tuple[int, ...]:
+        due = due_ns(seq.request)
+        return (0, due, seq.order) if due is not None else (1, 0, seq.order)
+
+    def rule(self, seq: Sequence) -> str:
+        deadline = seq.request.deadline_ms
+        if not deadline:
+            return "no-deadline arrival"
+        return f"deadline deadline_ms={deadline}"
