@@ -156,6 +156,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("port", _nnint, 8000, "TCP port (shared by all frontends with SO_REUSEPORT)", _FE),
     Option("max_tokens_limit", _pint, 4096, "largest max_tokens a request may ask for", _FE),
     Option("default_max_tokens", _pint, 128, "max_tokens when a request gives none", _FE),
+    # OpenAI requests that leave these out: this flag, else the model's GGUF
+    # general.sampling.*, else llama-server's defaults (0.8, 40, 0.95, 0.05).
+    Option("default_temperature", _nnfloat, None, "temperature a request leaves out", _FE),
+    Option("default_top_k", _nnint, None, "top_k a request leaves out (0: off)", _FE),
+    Option("default_top_p", _nnfloat, None, "top_p a request leaves out (1: off)", _FE),
+    Option("default_min_p", _nnfloat, None, "min_p a request leaves out (0: off)", _FE),
     Option("ready_timeout", _pint, 120, "seconds to wait for the engine handshake", _FE),
     Option("api_key", _api_key, (), "accepted bearer key (repeatable)", _FE, None, True, True),
     Option("api_key_file", str, None, "file of accepted keys, one per line (# comments)", _FE),
@@ -193,6 +199,10 @@ class Config:
     port: int
     max_tokens_limit: int
     default_max_tokens: int
+    default_temperature: float | None
+    default_top_k: int | None
+    default_top_p: float | None
+    default_min_p: float | None
     ready_timeout: int
     frontends: int
     restart_limit: int

@@ -133,6 +133,13 @@ class Model(Reply):
     object: Literal["model"] = "model"
     created: int
     owned_by: str
+    sampling_defaults: dict[str, float] = Field(
+        description="what a request that leaves out temperature, top_k, top_p or min_p gets"
+    )
+    sampling_defaults_source: dict[str, Literal["flag", "gguf", "built-in"]] = Field(
+        description="where each default came from: its --default-* flag, the model's GGUF "
+        "general.sampling.* metadata, or the built-in value"
+    )
 
 
 class ModelList(Reply):

@@ -24,6 +24,11 @@ from tinyserve.frontend.openai.openai_reply import CHAT, COMPLETIONS, OpenAIRepl
 from tinyserve.frontend.request import pipeline
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.reply_common import engine_unavailable
+from tinyserve.frontend.request.sampling_defaults import (
+    SamplingDefaults,
+    sampling_defaults,
+    with_defaults,
+)
 from tinyserve.frontend.structured.constraints import check_constraints, response_format_grammar
 
 OWNED_BY = "tinyserve"
@@ -33,7 +38,14 @@ async def list_models(request: web.Request) -> web.Response:
     """The one served model; its id is ``--model-name`` or the model file's name."""
     model = _served_model(request)
     created = int(request.app[TOKENIZER].facts.model_path.stat().st_mtime)
-    entry = Model(id=model, created=created, owned_by=OWNED_BY)
+    defaults = _defaults(request)
+    entry = Model(
+        id=model,
+        created=created,
+        owned_by=OWNED_BY,
+        sampling_defaults=defaults.values,
+        sampling_defaults_source=defaults.sources,
+    )
     return json_response(ModelList(data=[entry]))
 
 
@@ -42,7 +54,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG]
     req = parse_body(await json_body(request), CompletionRequest, config)
     _check_model(request, req.model)
-    generation = await _constrained(request, req, req.generation(config))
+    generation = with_defaults(req.generation(config), req, _defaults(request))
+    generation = await _constrained(request, req, generation)
     reply = _reply(request, req, COMPLETIONS, generation.sampling.logprobs)
     return await pipeline.run(request, generation, reply, req.prompt_ids)
 
@@ -60,9 +73,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     # Tokenized here, in parts: the messages' text must never become control tokens.
     prompt_ids = await request.app[TOKENIZER].tokenize_chat(chat)
     generation = dataclasses.replace(req.generation(config), prompt=chat.text)
+    generation = with_defaults(generation, req, _defaults(request))
     generation = await _constrained(request, req, generation)
     reply = _reply(request, req, CHAT, generation.sampling.logprobs)
     return await pipeline.run(request, generation, reply, prompt_ids)
+
+
+def _defaults(request: web.Request) -> SamplingDefaults:
+    metadata = request.app[TOKENIZER].facts.sampling_metadata
+    return sampling_defaults(request.app[CONFIG], metadata)
 
 
 async def _constrained(

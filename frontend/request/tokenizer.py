@@ -42,6 +42,7 @@ class VocabFacts:
     bos_text: str
     eos_text: str
     adds_bos: bool  # tokenizing prepends BOS (the model's add_bos_token)
+    sampling_metadata: dict[str, str]  # the GGUF's general.sampling.* keys, if any
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,9 @@ def _facts_of(llama: llama_cpp.Llama, path: Path) -> VocabFacts:
         bos_text=text(llama.token_bos()),
         eos_text=text(llama.token_eos()),
         adds_bos=list(llama.tokenize(b"", add_bos=True)) == [llama.token_bos()],
+        sampling_metadata={
+            k: v for k, v in llama.metadata.items() if k.startswith("general.sampling.")
+        },
     )
 
 

@@ -38,6 +38,9 @@ async def test_models(served: Client) -> None:
     [model] = reply["data"]
     assert (model["id"], model["object"], model["owned_by"]) == ("fake", "model", "tinyserve")
     assert isinstance(model["created"], int)
+    assert model["sampling_defaults"] == {"temperature": 0.8, "top_k": 40, "top_p": 0.95,
+                                          "min_p": 0.05}  # fmt: skip
+    assert set(model["sampling_defaults_source"].values()) == {"built-in"}
 
 
 async def test_models_without_engine_is_an_openai_503(client: Client) -> None:
@@ -63,7 +66,9 @@ async def test_completion_json(served: Client, engine: FakeEngine) -> None:
         "total_tokens": n + 2,
         "prompt_tokens_details": {"cached_tokens": 0},
     }
-    assert submit.sampling == protocol.SamplingParams(1.0, 1.0, 0, 4, [], 0.5, 0.0, -1)
+    # temperature, top_p, top_k and min_p left out: the served defaults (built-in here).
+    expected = protocol.SamplingParams(0.8, 0.95, 40, 4, [], 0.5, 0.0, -1, min_p=0.05)
+    assert submit.sampling == expected
     assert (submit.max_tokens, submit.tenant) == (5, "alice")
 
 
