@@ -23,6 +23,7 @@ setup(
         "tinyserve",
         "tinyserve.engine",
         "tinyserve.frontend",
+        "tinyserve.frontend.dashboard",
         "tinyserve.frontend.http",
         "tinyserve.frontend.link",
         "tinyserve.frontend.models",
@@ -39,7 +40,11 @@ setup(
         "tinyserve.frontend": "frontend",
         "tinyserve_native": "tinyserve_native",
     },
-    package_data={"tinyserve_native": ["*.pxd", "*.pyi", "*.h", "py.typed"]},
+    package_data={
+        "tinyserve_native": ["*.pxd", "*.pyi", "*.h", "py.typed"],
+        # the dashboard's page: served from the installed package, never from a CDN
+        "tinyserve.frontend.dashboard": ["static/*"],
+    },
     ext_modules=cythonize(
         extensions,
         language_level=3,

@@ -19,6 +19,7 @@ from aiohttp.typedefs import Middleware
 
 from tinyserve import metrics
 from tinyserve.config import Config
+from tinyserve.frontend.dashboard.hub import FEED_HUB, FeedHub
 from tinyserve.frontend.http.api_errors import error_middleware
 from tinyserve.frontend.http.appkeys import (
     CHAT_TEMPLATE,
@@ -64,6 +65,7 @@ def build_app(config: Config, tracing: Tracing | None = None) -> web.Application
     app[TRACING] = tracing or Tracing()  # the caller owns it (and flushes it at exit)
     app[DRAIN] = Drain()
     app[METRICS] = process_metrics
+    app[FEED_HUB] = FeedHub()
     app.cleanup_ctx.append(_tokenizer_ctx)
     app.cleanup_ctx.append(_engine_ctx)
     app.on_response_prepare.append(_stamp_frontend)

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 # Probes and the API description stay reachable without a key: they reveal no data.
 OPEN_PATHS = frozenset({"/health", "/ready", "/openapi.json"})
+# The dashboard's page and files hold no data; the feed they read (/v1/events) needs a key.
+OPEN_PREFIX = "/dashboard"
 METRICS_PATH = "/metrics"
 INVALID_API_KEY = "invalid_api_key"
 UNAUTHORIZED = "a valid API key is required: Authorization: Bearer <key>"
@@ -94,9 +96,14 @@ def unauthorized() -> ApiError:
     return ApiError(401, INVALID_API_KEY, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
 
 
+def is_open(path: str) -> bool:
+    """Whether ``path`` never needs a key (``/metrics`` aside, which a flag decides)."""
+    return path in OPEN_PATHS or path == OPEN_PREFIX or path.startswith(OPEN_PREFIX + "/")
+
+
 def needs_key(path: str, config: Config) -> bool:
     """Every path needs a key except the probes, the API document and (by flag) metrics."""
-    if path in OPEN_PATHS:
+    if is_open(path):
         return False
     return path != METRICS_PATH or config.metrics_auth
 

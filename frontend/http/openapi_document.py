@@ -19,8 +19,9 @@ from pydantic import BaseModel, Field, RootModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, models_json_schema
 from pydantic_core import core_schema
 
+from tinyserve.frontend.dashboard import models as dashboard
 from tinyserve.frontend.http.appkeys import CONFIG
-from tinyserve.frontend.http.auth import OPEN_PATHS
+from tinyserve.frontend.http.auth import is_open
 from tinyserve.frontend.models import chat, native, openai_reply_bodies, openai_requests, tokenize
 from tinyserve.frontend.models.common import limited
 from tinyserve.frontend.models.errors import Error, OpenAIError
@@ -82,6 +83,13 @@ OPERATIONS: tuple[Operation, ...] = (
               native.RequestTimeline, errors=(404, 503), error_schema=OpenAIError),
     Operation("get", "/metrics", "Prometheus metrics of the whole node (engine and every "
               "frontend)", MetricsText, media="text/plain"),
+    Operation("get", "/v1/events", "The node's scheduling state, live (server-sent events: "
+              "hello, then update at most 10 a second, end)", dashboard.FeedEvent,
+              errors=(503,), error_schema=OpenAIError, media=SSE),
+    Operation("get", "/dashboard", "The live scheduler dashboard (HTML)", dashboard.Page,
+              media="text/html"),
+    Operation("get", "/dashboard/{asset}", "The dashboard's script and style sheet",
+              dashboard.Asset, errors=(404,), media="text/plain"),
 )  # fmt: skip
 
 _ERROR_TEXT = {
@@ -158,7 +166,7 @@ def _operation(op: Operation) -> dict[str, Any]:
     if op.request is not None:
         responses["413"] = _error_response(413, op.error_schema)
     operation: dict[str, Any] = {"summary": op.summary, "responses": responses}
-    if op.path not in OPEN_PATHS:
+    if not is_open(op.path):
         # A key is needed only once the server has any (docs/api.md): bearer, or nothing.
         operation["security"] = [{BEARER: []}, {}]
         responses["401"] = _error_response(401, op.error_schema)

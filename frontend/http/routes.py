@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from tinyserve.frontend.dashboard.handlers import dashboard_asset, dashboard_page, events
 from tinyserve.frontend.http.api_errors import Handler
 from tinyserve.frontend.http.metrics_route import metrics_handler
 from tinyserve.frontend.http.openapi_document import openapi_json
@@ -37,6 +38,9 @@ ROUTES = (
     Route("GET", "/tokenizer_info", tokenizer_info),
     Route("GET", "/openapi.json", openapi_json),
     Route("GET", "/metrics", metrics_handler),
+    Route("GET", "/v1/events", events),
+    Route("GET", "/dashboard", dashboard_page),
+    Route("GET", "/dashboard/{asset}", dashboard_asset),
 )
 
 

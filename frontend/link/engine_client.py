@@ -58,6 +58,8 @@ class EngineClient:
         self._ack_waiter: asyncio.Future[protocol.HelloAck] | None = None
         self.on_pending_change: Callable[[], None] | None = None
         self._queries: dict[int, asyncio.Future[dict[str, Any] | None]] = {}
+        # The event feed's receiver while this frontend has viewers (``watch_feed``).
+        self.on_feed: Callable[[protocol.FeedUpdate], None] | None = None
         self._next_query = 0
         self._dropped = RateLimitedLog(log)
 
@@ -101,6 +103,14 @@ class EngineClient:
             return await asyncio.wait_for(answer, timeout_s)
         finally:
             self._queries.pop(query_id, None)
+
+    def watch_feed(self, on_feed: Callable[[protocol.FeedUpdate], None] | None) -> None:
+        """Receive the event feed's updates (``None``: stop). Unsubscribed, the SUB socket
+        filters them out, so a frontend without viewers never decodes one."""
+        if (on_feed is None) != (self.on_feed is None):
+            option = zmq.SUBSCRIBE if on_feed is not None else zmq.UNSUBSCRIBE
+            self._sub.setsockopt(option, protocol.FEED_TOPIC)
+        self.on_feed = on_feed
 
     def release(self, request_id: str) -> None:
         """Forget a request's stream once its handler is done with it."""
@@ -178,6 +188,9 @@ class EngineClient:
             answer = self._queries.get(message.query_id)
             if answer is not None and not answer.done():
                 answer.set_result(message.timeline)
+        elif isinstance(message, protocol.FeedUpdate):
+            if self.on_feed is not None:  # None: an update sent before we unsubscribed
+                self.on_feed(message)
         elif isinstance(message, protocol.HelloAck):
             waiter = self._ack_waiter
             # Acks to our earlier, repeated hellos arrive after the first one: ignored.

@@ -83,6 +83,7 @@ class FakeEngine:
         self.script: Script = default_script
         self.submits: list[protocol.Submit] = []
         self.cancels: list[protocol.Cancel] = []
+        self.leases: list[protocol.FeedLease] = []
         self.beating = True
         self.n_ctx = N_CTX
         self.board = Board.create(config.board_path, frontend_slots)
@@ -145,6 +146,8 @@ class FakeEngine:
                 self._tasks.append(asyncio.create_task(self._answer(message)))
             elif isinstance(message, protocol.Cancel):
                 self.cancels.append(message)
+            elif isinstance(message, protocol.FeedLease):
+                self.leases.append(message)
 
     def _ack(self, frontend_id: str) -> protocol.HelloAck:
         return protocol.HelloAck(
@@ -162,6 +165,10 @@ class FakeEngine:
                 seq += 1
             await self._send(submit.frontend_id, protocol.TickOutput(submit.frontend_id, updates))
             await asyncio.sleep(self.tick_s)
+
+    async def publish_feed(self, update: protocol.FeedUpdate) -> None:
+        """One event-feed update on the feed's topic, as the engine sends it."""
+        await self._pub.send_multipart([protocol.FEED_TOPIC, protocol.encode(update)])
 
     async def _send(self, frontend_id: str, message: protocol.Message) -> None:
         await self._pub.send_multipart([protocol.topic(frontend_id), protocol.encode(message)])

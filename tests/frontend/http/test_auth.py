@@ -15,7 +15,7 @@ from tinyserve.config import Config, build_config
 from tinyserve.errors import TinyServeError
 from tinyserve.frontend.http import openapi_document
 from tinyserve.frontend.http.app import build_app
-from tinyserve.frontend.http.auth import OPEN_PATHS, ApiKeys, bearer_token, read_key_file
+from tinyserve.frontend.http.auth import ApiKeys, bearer_token, is_open, read_key_file
 
 Client = TestClient[Any, Any]
 KEYS = ("key-one", "key-two")
@@ -174,6 +174,17 @@ def test_the_api_document_says_which_routes_take_a_key() -> None:
     for path, methods in paths.items():
         for operation in methods.values():
             secured = "security" in operation
-            assert secured == (path not in OPEN_PATHS), path
+            assert secured == (not is_open(path)), path
             assert ("401" in operation["responses"]) == secured, path
     assert paths["/generate"]["post"]["security"] == [{openapi_document.BEARER: []}, {}]
+    assert "security" in paths["/v1/events"]["get"]  # the feed's data needs the key
+    assert "security" not in paths["/dashboard"]["get"]  # the page holds none
+
+
+@pytest.mark.parametrize(
+    ("path", "open_"),
+    [("/dashboard", True), ("/dashboard/dashboard.js", True), ("/dashboards", False),
+     ("/v1/events", False), ("/health", True)],
+)  # fmt: skip
+def test_only_the_dashboard_files_and_probes_are_open(path: str, open_: bool) -> None:
+    assert is_open(path) == open_
