@@ -80,6 +80,10 @@ SPECS: tuple[Spec, ...] = (
              "HTTP status sent (499: client gone before any)", FRONTEND, "finish_reason", "code"),
     _counter("tinyserve_admission_rejections_total", "Requests turned away at admission, by "
              "stage (frontend board check, engine) and reason", BOTH, "stage", "reason"),
+    _counter("tinyserve_constrained_requests_total", "Requests whose output a grammar "
+             "constrains, by source (grammar, json_schema, json_object) and result (ok, or "
+             "invalid: a 400 for a schema or grammar that cannot be built)", FRONTEND, "source",
+             "result"),
     _counter("tinyserve_cancellations_total", "Requests stopped before their end, by reason",
              BOTH, "reason"),
     _histogram("tinyserve_time_to_first_token_seconds", "Request arrival at the frontend to "

@@ -16,7 +16,7 @@ from tinyserve.frontend.models.common import Reply, Text, cross_field, expect, i
 from tinyserve.frontend.models.errors import ErrorDetail
 from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, OutputLength, Sampling
 from tinyserve.frontend.request.generation import Generation
-from tinyserve.frontend.structured.constraints import schema_grammar
+from tinyserve.frontend.structured.constraints import Constraint
 
 
 class GenerateRequest(Sampling):
@@ -40,12 +40,13 @@ class GenerateRequest(Sampling):
 
     def generation(self, config: Config) -> Generation:
         """The request with every default resolved."""
-        max_tokens = self.max_tokens or config.default_max_tokens
+        return self.resolved(max_tokens=self.max_tokens or config.default_max_tokens)
+
+    def constraint(self) -> Constraint:
+        """What the output must follow: ``grammar`` or ``json_schema`` (or nothing)."""
         if self.json_schema is not None:
-            return self.resolved(
-                max_tokens=max_tokens, grammar=schema_grammar(self.json_schema, "json_schema")
-            )
-        return self.resolved(max_tokens=max_tokens)
+            return Constraint("json_schema", schema=self.json_schema)
+        return Constraint("grammar", grammar=self.grammar)
 
 
 # -- replies -------------------------------------------------------------------------------------

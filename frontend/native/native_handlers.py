@@ -16,7 +16,7 @@ from tinyserve.frontend.models.parse import json_body, parse_body
 from tinyserve.frontend.native.native_reply import native_reply
 from tinyserve.frontend.request import admission, pipeline
 from tinyserve.frontend.request.reply_common import engine_unavailable, rejection_error
-from tinyserve.frontend.structured.constraints import check_constraints
+from tinyserve.frontend.structured.constraints import constrained
 
 
 async def health(request: web.Request) -> web.Response:
@@ -39,6 +39,5 @@ async def generate(request: web.Request) -> web.StreamResponse:
     """Generate a completion for one prompt; JSON or SSE as the request asks."""
     config = request.app[CONFIG]
     req = parse_body(await json_body(request), GenerateRequest, config)
-    generation = req.generation(config)
-    await check_constraints(request, generation, "json_schema" if req.json_schema else "grammar")
+    generation = await constrained(request, req.generation(config), req.constraint())
     return await pipeline.run(request, generation, native_reply)

@@ -29,7 +29,7 @@ from tinyserve.frontend.request.sampling_defaults import (
     sampling_defaults,
     with_defaults,
 )
-from tinyserve.frontend.structured.constraints import check_constraints, response_format_grammar
+from tinyserve.frontend.structured.constraints import constrained, response_format_constraint
 
 OWNED_BY = "tinyserve"
 
@@ -88,12 +88,7 @@ async def _constrained(
     request: web.Request, req: OpenAIRequest, generation: Generation
 ) -> Generation:
     """``generation`` with the grammar of its ``response_format``, checked (a 400 if not)."""
-    grammar = response_format_grammar(req.response_format)
-    if grammar:
-        sampling = dataclasses.replace(generation.sampling, grammar=grammar)
-        generation = dataclasses.replace(generation, sampling=sampling)
-    await check_constraints(request, generation, "response_format")
-    return generation
+    return await constrained(request, generation, response_format_constraint(req.response_format))
 
 
 def _reply(

@@ -1,15 +1,17 @@
 """What a request asks to constrain its output with, as the grammar the engine enforces, and
 the checks that need the served model: the grammar builds with its vocabulary, the
-``logit_bias`` token ids are in it. Each failure is a 400 naming the field."""
+``logit_bias`` token ids are in it. Each failure is a 400 naming the field; both outcomes
+are counted (``tinyserve_constrained_requests_total``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from aiohttp import web
 
-from tinyserve.frontend.http.api_errors import invalid
-from tinyserve.frontend.http.appkeys import LINK, TOKENIZER
+from tinyserve.frontend.http.api_errors import ApiError, invalid
+from tinyserve.frontend.http.appkeys import LINK, METRICS, TOKENIZER
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.reply_common import engine_unavailable
 from tinyserve.frontend.structured.json_schema import (
@@ -18,28 +20,68 @@ from tinyserve.frontend.structured.json_schema import (
     schema_to_grammar,
 )
 
+GRAMMAR, JSON_SCHEMA, JSON_OBJECT = "grammar", "json_schema", "json_object"  # metric sources
 
-def schema_grammar(schema: Any, field: str) -> str:
-    """The grammar of ``schema``; a 400 naming ``field`` and the place in the schema when it
-    asks for something the converter cannot enforce."""
+
+@dataclasses.dataclass(frozen=True)
+class Constraint:
+    """One request's constraint: GBNF, a JSON schema, or any JSON object; ``field`` is the
+    request field it came from (named in a 400)."""
+
+    field: str
+    grammar: str = ""
+    schema: dict[str, Any] | None = None
+    json_object: bool = False
+
+    @property
+    def source(self) -> str | None:
+        if self.schema is not None:
+            return JSON_SCHEMA
+        return JSON_OBJECT if self.json_object else GRAMMAR if self.grammar else None
+
+    def build(self) -> str:
+        """The GBNF text; a 400 when the schema asks for what cannot be enforced."""
+        if self.schema is not None:
+            try:
+                return schema_to_grammar(self.schema)
+            except SchemaError as exc:
+                raise invalid(f"'{self.field}' is not supported: {exc}", self.field) from None
+        return ANY_JSON_OBJECT if self.json_object else self.grammar
+
+
+def response_format_constraint(response_format: Any) -> Constraint:
+    """OpenAI's ``response_format`` (already validated)."""
+    kind = "text" if response_format is None else response_format.type
+    if kind == "json_schema":
+        return Constraint("response_format", schema=response_format.json_schema.schema_)
+    return Constraint("response_format", json_object=kind == "json_object")
+
+
+async def constrained(
+    request: web.Request, generation: Generation, constraint: Constraint
+) -> Generation:
+    """``generation`` with the constraint's grammar, every check passed (else a 400)."""
+    source = constraint.source
     try:
-        return schema_to_grammar(schema)
-    except SchemaError as exc:
-        raise invalid(f"'{field}' is not supported: {exc}", field) from None
+        if source is not None:
+            sampling = dataclasses.replace(generation.sampling, grammar=constraint.build())
+            generation = dataclasses.replace(generation, sampling=sampling)
+        await _check(request, generation, constraint.field)
+    except ApiError:
+        if source is not None:
+            _count(request, source, "invalid")
+        raise
+    if source is not None:
+        _count(request, source, "ok")
+    return generation
 
 
-def response_format_grammar(response_format: Any) -> str:
-    """OpenAI's ``response_format`` (already validated) as a grammar; "" for plain text."""
-    if response_format is None or response_format.type == "text":
-        return ""
-    if response_format.type == "json_object":
-        return ANY_JSON_OBJECT
-    return schema_grammar(response_format.json_schema.schema_, "response_format")
+def _count(request: web.Request, source: str, result: str) -> None:
+    metric = request.app[METRICS].counter("tinyserve_constrained_requests_total")
+    metric.labels(source, result).inc()
 
 
-async def check_constraints(request: web.Request, generation: Generation, field: str) -> None:
-    """The grammar (named ``field`` in a 400) builds with the served vocabulary and every
-    ``logit_bias`` token is in it."""
+async def _check(request: web.Request, generation: Generation, field: str) -> None:
     sampling = generation.sampling
     if sampling.logit_bias:
         ack = request.app[LINK].ack

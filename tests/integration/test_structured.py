@@ -218,6 +218,13 @@ async def test_native_grammar_and_schema(node: Node) -> None:
             session, node.url, prompt="Hi", grammar='root ::= "x"', ignore_eos=True
         )
         assert status == 400 and body["error"]["message"].startswith("'ignore_eos'"), body
+        async with session.get(f"{node.url}/metrics") as resp:
+            metrics = await resp.text()
+    counts = dict(re.findall(r'tinyserve_constrained_requests_total\{(.*)\} (\S+)', metrics))
+    # One frontend or the other took each request: the node's totals sum them.
+    assert float(counts['result="invalid",source="grammar"']) == 3, counts
+    assert float(counts['result="ok",source="grammar"']) >= 1, counts
+    assert float(counts['result="ok",source="json_schema"']) >= 1, counts
 
 
 async def test_constrained_and_free_requests_together(node: Node) -> None:
