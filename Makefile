@@ -9,8 +9,8 @@ ARGS ?=
 
 setup: $(STAMP)
 
-# nginx and systemd-analyze, which only the deploy tests use: apt-get installs them as root on
-# Debian when missing; elsewhere a note says which tests will skip. Serving never needs them.
+# nginx, systemd-analyze and chromium, which only some tests use: apt-get installs them as
+# root on Debian when missing; elsewhere a note says which tests will skip. Serving never needs them.
 test-deps:
 	@sh deploy/system-deps.sh
 

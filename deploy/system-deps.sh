@@ -1,14 +1,16 @@
 #!/bin/sh
-# Debian packages that the deploy tests use: nginx (a real balancer in front of real nodes)
-# and systemd, for systemd-analyze (unit checks). Installed only when missing, and only as
-# root with apt-get (a fresh Debian machine, CI). Anywhere else this says what is missing and
-# succeeds: the tests that need a missing command skip with a message that names it.
+# Debian packages that some tests use: nginx (a real balancer in front of real nodes),
+# systemd, for systemd-analyze (unit checks), and chromium (the dashboard's browser test).
+# Installed only when missing, and only as root with apt-get (a fresh Debian machine, CI).
+# Anywhere else this says what is missing and succeeds: the tests that need a missing
+# command skip with a message that names it.
 set -u
 
 missing=""
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/usr/bin/$1" ]; }
 have nginx || missing="$missing nginx"
 have systemd-analyze || missing="$missing systemd"
+have chromium || missing="$missing chromium"
 [ -z "$missing" ] && exit 0
 
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then

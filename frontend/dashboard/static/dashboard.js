@@ -5,6 +5,7 @@
 const WINDOW_MS = 30000; // what the slot chart shows
 const RECENT = 20; // finished requests listed
 const RETRY_MS = 2000;
+const METRICS_MS = 2000; // how often rejections are read from /metrics
 const SVG = "http://www.w3.org/2000/svg";
 
 const state = {
@@ -14,7 +15,8 @@ const state = {
   open: new Map(), // slot -> its open segment
   waits: new Map(), // request id -> queue wait (ms), from its grant
   queued: [], // {slot, id, start, end}: the wait before a request's first segment
-  outcomes: new Map(), // "outcome|reason" -> count
+  outcomes: new Map(), // "outcome|reason" -> count, from the feed since the page opened
+  rejections: [], // [stage, reason, count] since the node started, from /metrics
   recent: [], // finish events, newest first
   rate: [], // [engine ms, generated tokens] of recent updates
   selected: null,
@@ -120,10 +122,9 @@ function onEvent(e) {
   } else if (e.kind === "finish") {
     state.recent.unshift(e);
     state.recent.length = Math.min(state.recent.length, RECENT);
-    if (e.reason !== "stop" && e.reason !== "length") count("ended", e.reason);
-  } else if (e.kind === "reject") {
-    count(`rejected (${e.stage})`, e.reason);
+    count("finished", e.reason);
   }
+  // Rejections (frontend and engine stage) come from /metrics: the feed sees only the engine's.
 }
 
 function count(outcome, reason) {
@@ -180,7 +181,10 @@ function showFigures(u) {
   $("queue-total").textContent = String(u.queue.reduce((sum, q) => sum + q.count, 0));
   fillRows($("queue"), u.queue.map((q) => [q.tenant, q.priority, q.count]));
   const outcomes = [...state.outcomes].sort((a, b) => b[1] - a[1]);
-  fillRows($("outcomes"), outcomes.map(([key, n]) => [...key.split("|"), n]));
+  fillRows($("outcomes"), [
+    ...outcomes.map(([key, n]) => [...key.split("|"), n]),
+    ...state.rejections.map(([stage, reason, n]) => [`rejected at ${stage}*`, reason, n]),
+  ]);
   const recent = $("recent");
   fillRows(recent, state.recent.map((e) => [
     e.request_id, e.tenant, e.reason, fmt(e.wait_ms), fmt(e.ttft_ms), fmt(e.itl_ms), e.cached_tokens,
@@ -208,10 +212,27 @@ function fillRows(tbody, rows) {
 
 // -- the slot chart ---------------------------------------------------------------------------
 
+// Tenants get colours in the order they first appear: distinct for the first ten.
+const PALETTE = ["#3b6fb6", "#d9822b", "#3f9b4f", "#c0392b", "#8e5bb5", "#8c6d46", "#d35fa5",
+  "#7f8c8d", "#b5b82f", "#2bb3c0"];
+const colours = new Map();
+
 function tenantColour(tenant) {
-  let h = 0;
-  for (const c of tenant) h = (h * 31 + c.charCodeAt(0)) % 360;
-  return `hsl(${h}, 60%, 50%)`;
+  if (!colours.has(tenant)) {
+    colours.set(tenant, PALETTE[colours.size % PALETTE.length]);
+    showLegend();
+  }
+  return colours.get(tenant);
+}
+
+function showLegend() {
+  $("legend").replaceChildren(...[...colours].map(([tenant, colour]) => {
+    const item = document.createElement("span");
+    const swatch = document.createElement("i");
+    swatch.style.background = colour;
+    item.append(swatch, tenant);
+    return item;
+  }));
 }
 
 function el(name, attrs) {
@@ -241,7 +262,7 @@ function draw() {
     nodes.push(row);
   }
   for (const q of state.queued) {
-    const y = 4 + q.slot * rowH + rowH / 2;
+    const y = 4 + q.slot * rowH + rowH * 0.08; // above the bars, which fill 15-85%
     nodes.push(el("line", { class: "queued", x1: Math.max(x(q.start), left), x2: x(q.end), y1: y, y2: y }));
   }
   for (const seg of state.segments) {
@@ -264,6 +285,28 @@ function draw() {
     nodes.push(bar);
   }
   svg.replaceChildren(...nodes);
+}
+
+// Node-wide rejections by stage and reason (every frontend's and the engine's), since start.
+async function pollRejections() {
+  try {
+    const resp = await fetch("/metrics", { headers: headers() });
+    if (resp.ok) state.rejections = parseRejections(await resp.text());
+  } catch (err) {
+    // the next poll tries again; the feed's status line shows a dead server
+  }
+  setTimeout(pollRejections, METRICS_MS);
+}
+
+function parseRejections(text) {
+  const rows = [];
+  const pattern = /^tinyserve_admission_rejections_total\{([^}]*)\} (\S+)$/gm;
+  for (const m of text.matchAll(pattern)) {
+    const labels = Object.fromEntries([...m[1].matchAll(/(\w+)="([^"]*)"/g)].map((l) => [l[1], l[2]]));
+    const n = Number(m[2]);
+    if (n > 0) rows.push([labels.stage, labels.reason, n]);
+  }
+  return rows;
 }
 
 // -- a request's timeline ---------------------------------------------------------------------
@@ -328,6 +371,7 @@ function start() {
   $("slots").addEventListener("click", onClick);
   $("recent").addEventListener("click", onClick);
   connect();
+  pollRejections();
 }
 
 // For tests and the console: what a click does, and the state drawn from.
