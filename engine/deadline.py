@@ -41,5 +41,5 @@ class DeadlinePolicy(HeapPolicy):
     def rule(self, seq: Sequence) -> str:
         deadline = seq.request.deadline_ms
         if not deadline:
-            return "no-deadline arrival"
+            return "deadline none"
         return f"deadline deadline_ms={deadline}"

@@ -18,7 +18,7 @@ RULE_ARRIVAL = "arrival"  # fifo: the oldest waiting request
 RULE_PRIORITY = "priority"  # priority: the highest priority waiting
 RULE_TENANT = "tenant"  # wfq: the backlogged tenant with the smallest virtual time
 RULE_DEADLINE = "deadline"  # deadline: the earliest due time (none: last, by arrival)
-RULE_WORK = "work"  # srpt: the smallest work, aged by the time waited
+RULE_WORK = "shortest"  # srpt: the smallest work, aged by the time waited
 
 
 class Cause(enum.Enum):
