@@ -190,6 +190,7 @@ def _same_json(value: Any, allowed: Any) -> bool:
 
 
 OUTPUT_LENGTH = "output length"  # marks a field bounded by --max-tokens-limit (``limited``)
+OUTPUT_LENGTH_OR_0 = "output length or 0"  # the same, 0 allowed (completions' echo alone)
 
 Text = Annotated[str, AfterValidator(_unicode)]
 
@@ -210,15 +211,24 @@ def limited(model: type[B], limit: int) -> type[B]:
     return cast(type[B], _limited(model, limit))
 
 
+def _described(info: Any) -> Any:
+    return Field(info.default, description=info.description)
+
+
+def _bounded(low: int, limit: int) -> Any:
+    return Annotated[
+        int, Field(ge=low, le=limit), INTEGRAL, expect(f"an integer between {low} and {limit}")
+    ]
+
+
 @functools.cache
 def _limited(model: type[BaseModel], limit: int) -> type[BaseModel]:
-    bounded = Annotated[
-        int, Field(ge=1, le=limit), INTEGRAL, expect(f"an integer between 1 and {limit}")
-    ]
+    lows = {OUTPUT_LENGTH: 1, OUTPUT_LENGTH_OR_0: 0}
     fields: dict[str, Any] = {
-        name: (bounded | None, Field(info.default, description=info.description))
+        name: (_bounded(lows[mark], limit) | None, _described(info))
         for name, info in model.model_fields.items()
-        if OUTPUT_LENGTH in info.metadata
+        for mark in lows
+        if mark in info.metadata
     }
     return create_model(
         model.__name__, __base__=model, __module__=model.__module__, __doc__=model.__doc__, **fields

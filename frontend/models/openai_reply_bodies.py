@@ -29,11 +29,12 @@ class Usage(Reply):
 
 
 class CompletionLogprobs(Reply):
-    """Each ``top_logprobs`` entry holds the alternatives and the chosen token."""
+    """Each ``top_logprobs`` entry holds the alternatives and the chosen token. With ``echo``
+    the prompt's tokens come first; its first token has no logprob (null in both lists)."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 

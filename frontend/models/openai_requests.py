@@ -20,13 +20,13 @@ from tinyserve.config import Config
 from tinyserve.frontend.models.common import (
     IGNORED,
     INTEGRAL,
+    OUTPUT_LENGTH_OR_0,
     Body,
     OnlyDefault,
     Text,
     cross_field,
     expect,
     schema_rule,
-    unsupported,
 )
 from tinyserve.frontend.models.fields import (
     MAX_TOKENS_TEXT,
@@ -42,6 +42,10 @@ from tinyserve.frontend.request.generation import Generation
 MAX_LOGPROBS = 5
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; /generate's is 0 (greedy)
 
+MAX_CHOICES = 16  # n, and prompts x n on /v1/completions
+ChoiceCount = Annotated[
+    int, Field(ge=1, le=MAX_CHOICES), INTEGRAL, expect(f"an integer between 1 and {MAX_CHOICES}")
+]
 LogprobCount = Annotated[
     int, Field(ge=0, le=MAX_LOGPROBS), INTEGRAL, expect(f"an integer between 0 and {MAX_LOGPROBS}")
 ]
@@ -65,9 +69,11 @@ class OpenAIRequest(Sampling):
     model: ModelId = Field(description="the id GET /v1/models lists")
     max_tokens: OutputLength = Field(None, description=MAX_TOKENS_TEXT)
     temperature: Temperature = Field(DEFAULT_TEMPERATURE, description="0 is greedy")
-    n: Annotated[
-        Any, OnlyDefault((1,), "this server returns one choice per request; send n requests")
-    ] = None
+    n: ChoiceCount = Field(
+        1,
+        description="choices per prompt: the prompt is prefilled once and its KV shared; "
+        "with a seed, choice i samples with seed + i",
+    )
     stream_options: StreamOptions | None = None
     presence_penalty: Penalty = Field(0.0, description="penalise tokens already present")
     frequency_penalty: Penalty = Field(0.0, description="penalise tokens by their count")
@@ -114,48 +120,77 @@ PromptText = Annotated[Text, Field(min_length=1)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0), INTEGRAL]], Field(min_length=1)]
 
 
-def _one_prompt(value: Any) -> Any:
-    """A list holding one prompt (a string or token ids) is that prompt."""
-    if isinstance(value, list) and value and all(isinstance(v, str | list) for v in value):
-        if len(value) > 1:
-            raise unsupported("one prompt per request (no batches)")
-        return value[0]
+def _prompt_list(value: Any) -> Any:
+    """One prompt (a string, or token ids) is a list of one; a list of strings or of token-id
+    lists is several (OpenAI's shapes)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and not any(isinstance(v, str | list) for v in value):
+        return [value]
     return value
 
 
-def _one_of(item: Any) -> Any:
-    return Annotated[list[item], Field(min_length=1, max_length=1)]
+def _list_of(item: Any) -> Any:
+    return Annotated[list[item], Field(min_length=1, max_length=MAX_CHOICES)]
 
 
-Prompt = Annotated[
-    PromptText | TokenIds,
+Prompts = Annotated[
+    list[PromptText | TokenIds],
+    Field(min_length=1, max_length=MAX_CHOICES),
     BeforeValidator(
-        _one_prompt,
-        json_schema_input_type=PromptText | TokenIds | _one_of(PromptText) | _one_of(TokenIds),
+        _prompt_list,
+        json_schema_input_type=PromptText | TokenIds | _list_of(PromptText) | _list_of(TokenIds),
     ),
-    expect("a non-empty string, a non-empty list of token ids >= 0, or a list of one of either"),
+    expect(
+        "a non-empty string, a non-empty list of token ids >= 0, or a list of 1 to "
+        f"{MAX_CHOICES} of either"
+    ),
+]
+OutputLengthOr0 = Annotated[
+    Annotated[int, Field(ge=0), INTEGRAL, expect("an integer of at least 0")] | None,
+    OUTPUT_LENGTH_OR_0,
 ]
 
 
 class CompletionRequest(OpenAIRequest):
     """``POST /v1/completions``."""
 
-    prompt: Prompt = Field(description="a string, token ids, or a list holding one of either")
-    logprobs: LogprobCount | None = Field(None, description="alternatives per token")
-    best_of: Annotated[Any, OnlyDefault((1,))] = None
-    echo: Annotated[Any, OnlyDefault((False,))] = None
+    prompt: Prompts = Field(
+        description="a string, token ids, or a list of either: n choices per prompt, in order"
+    )
+    max_tokens: OutputLengthOr0 = Field(
+        None, description=MAX_TOKENS_TEXT + "; 0 (with echo) returns the prompt alone"
+    )
+    logprobs: LogprobCount | None = Field(
+        None, description="alternatives per token (with echo, for the prompt's tokens too)"
+    )
+    echo: bool = Field(
+        False,
+        description="the text starts with the prompt, and with logprobs so do the logprobs "
+        "(the prompt's first token has none: null)",
+    )
+    best_of: Annotated[Any, OnlyDefault((1,), "vLLM is removing it; use n")] = None
     suffix: Annotated[Any, OnlyDefault(("",))] = None
 
-    def generation(self, config: Config) -> Generation:
-        """The request with every default resolved; the prompt is empty when it came as token
-        ids (``prompt_ids``)."""
-        return self.resolved(
-            prompt=self.prompt if isinstance(self.prompt, str) else "",
-            max_tokens=self.max_tokens or config.default_max_tokens,
-            logprobs=-1 if self.logprobs is None else self.logprobs,
-        )
+    @model_validator(mode="after")
+    def _echo_alone_needs_echo(self) -> Self:
+        if self.max_tokens == 0 and not self.echo:
+            raise cross_field("max_tokens", "'max_tokens': 0 needs 'echo': true")
+        if len(self.prompt) * self.n > MAX_CHOICES:
+            message = f"prompts x n is {len(self.prompt) * self.n}, more than {MAX_CHOICES}"
+            raise cross_field("n", message)
+        return self
 
-    @property
-    def prompt_ids(self) -> list[int] | None:
-        """The prompt's token ids, when it came as token ids."""
-        return None if isinstance(self.prompt, str) else self.prompt
+    def generation(self, config: Config) -> Generation:
+        """The request with every default resolved; the prompt is the text of a call with one
+        text prompt, else empty (each of ``prompt`` is tokenized on its own)."""
+        logprobs = -1 if self.logprobs is None else self.logprobs
+        max_tokens = config.default_max_tokens if self.max_tokens is None else self.max_tokens
+        prompt_logprobs = logprobs if self.echo else -1
+        [one] = self.prompt if len(self.prompt) == 1 else [None]
+        return self.resolved(
+            prompt=one if isinstance(one, str) else "",
+            max_tokens=max_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+        )

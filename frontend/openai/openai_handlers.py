@@ -13,13 +13,14 @@ import dataclasses
 
 from aiohttp import web
 
-from tinyserve.frontend.http.api_errors import MODEL_NOT_FOUND, ApiError
+from tinyserve.frontend.http.api_errors import INVALID_REQUEST, MODEL_NOT_FOUND, ApiError
 from tinyserve.frontend.http.appkeys import CHAT_TEMPLATE, CONFIG, LINK, TOKENIZER
 from tinyserve.frontend.models.chat import ChatCompletionRequest
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.openai_reply_bodies import Model, ModelList
 from tinyserve.frontend.models.openai_requests import CompletionRequest, OpenAIRequest
 from tinyserve.frontend.models.parse import json_body, parse_body
+from tinyserve.frontend.openai import choices
 from tinyserve.frontend.openai.openai_reply import CHAT, COMPLETIONS, OpenAIReply, Surface
 from tinyserve.frontend.request import pipeline
 from tinyserve.frontend.request.generation import Generation
@@ -57,7 +58,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     generation = with_defaults(req.generation(config), req, _defaults(request))
     generation = await _constrained(request, req, generation)
     reply = _reply(request, req, COMPLETIONS, generation.sampling.logprobs)
-    return await pipeline.run(request, generation, reply, req.prompt_ids)
+    return await _complete(request, req, generation, reply)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -76,6 +77,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     generation = with_defaults(generation, req, _defaults(request))
     generation = await _constrained(request, req, generation)
     reply = _reply(request, req, CHAT, generation.sampling.logprobs)
+    if req.n > 1:
+        _check_no_stream(req)
+        plan = choices.plan(generation, 1, req.n)
+        prompt = choices.Prompt(prompt_ids, chat.text)
+        return await choices.chat_reply(request, reply, plan, prompt)
     return await pipeline.run(request, generation, reply, prompt_ids)
 
 
@@ -111,3 +117,33 @@ def _check_model(request: web.Request, model: str) -> None:
     if model != served:
         message = f"model {model!r} does not exist; this server serves {served!r}"
         raise ApiError(404, MODEL_NOT_FOUND, message, param="model")
+
+
+async def _complete(
+    request: web.Request, req: CompletionRequest, generation: Generation, reply: OpenAIReply
+) -> web.StreamResponse:
+    """One prompt, one choice, no echo: the single-request path (JSON or SSE); else the
+    choices, in one JSON reply (``choices``)."""
+    if len(req.prompt) == 1 and req.n == 1 and not req.echo:
+        [prompt] = req.prompt
+        if isinstance(prompt, str):
+            generation = dataclasses.replace(generation, prompt=prompt)
+            return await pipeline.run(request, generation, reply)
+        return await pipeline.run(request, generation, reply, prompt)
+    _check_no_stream(req)
+    prompts = [await _prompt(request, p) for p in req.prompt]
+    plan = choices.plan(generation, len(prompts), req.n)
+    return await choices.completion_reply(request, reply, plan, prompts, req.echo)
+
+
+async def _prompt(request: web.Request, prompt: str | list[int]) -> choices.Prompt:
+    tokenizer = request.app[TOKENIZER]
+    if isinstance(prompt, str):
+        return choices.Prompt(await tokenizer.tokenize(prompt), prompt)
+    return choices.Prompt(prompt, await tokenizer.detokenize(prompt))
+
+
+def _check_no_stream(req: OpenAIRequest) -> None:
+    if req.stream:
+        message = "'stream' is not supported with n > 1, several prompts or echo"
+        raise ApiError(400, INVALID_REQUEST, message, param="stream")

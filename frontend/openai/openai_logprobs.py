@@ -69,6 +69,18 @@ def completion_logprobs(tokens: list[TokenLogprob], text_offset: int) -> Complet
     )
 
 
+def echo_logprobs(
+    first_token: bytes, prompt: list[TokenLogprob], generated: list[TokenLogprob]
+) -> CompletionLogprobs:
+    """The completions format with ``echo``: the prompt's tokens (its first, ``first_token``,
+    has no logprob), then the generated ones; offsets run through both from 0."""
+    first = TokenLogprob(first_token, 0.0, [])
+    body = completion_logprobs([first, *prompt, *generated], 0)
+    body.token_logprobs[0] = None
+    body.top_logprobs[0] = None
+    return body
+
+
 def chat_logprobs(tokens: list[TokenLogprob]) -> ChatLogprobs:
     """The chat completions format."""
     return ChatLogprobs(

@@ -21,6 +21,8 @@ class Generation:
     priority: int = 0
     tenant: str = "default"
     timeline: bool = False
+    prompt_logprobs: int = -1  # alternatives per prompt token (-1: no prompt logprobs)
+    fork_of: str = ""  # another choice of the same prompt, whose prefill this one copies
     deadline_ms: int | None = None
 
 

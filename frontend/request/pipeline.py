@@ -40,10 +40,11 @@ async def run(
     req: Generation,
     reply: Reply,
     prompt_ids: list[int] | None = None,
+    request_id: str = "",
 ) -> web.StreamResponse:
     """Serve ``req`` (its prompt tokenized here unless ``prompt_ids`` are given); its record
     is what its span, its ``request finished`` log line and its metrics read."""
-    record = RequestRecord.of(request, req)
+    record = RequestRecord.of(request, req, request_id)
     meter = RequestMeter(request.app[METRICS], record)
     with observe(request, record, meter.end):
         response = await _run(request, record, reply, prompt_ids, meter)
@@ -88,6 +89,8 @@ def _admit(request: web.Request, record: RequestRecord) -> int:
     prompt_tokens, max_tokens = record.prompt_tokens, record.generation.max_tokens
     rejection = admission.admit(prompt_tokens, max_tokens, limits, load)
     blocks = capacity.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
+    if record.generation.fork_of:  # the prompt's full blocks are its leader's (engine/forks.py)
+        blocks -= prompt_tokens // limits.block_size
     record.admission = admission_figures(record, limits, load, blocks, rejection)
     if rejection is not None:
         count_rejection(request.app[METRICS], rejection.reason)
@@ -111,6 +114,8 @@ def _submit_message(
         deadline_ms=req.deadline_ms or 0,
         trace_context=trace_context(record),
         admission=record.admission,
+        prompt_logprobs=req.prompt_logprobs,
+        fork_of=req.fork_of,
     )
 
 

@@ -49,10 +49,16 @@ class RequestRecord:
     span: Span | None = None  # the request's server span; None with tracing off
 
     @classmethod
-    def of(cls, request: web.Request, generation: Generation) -> RequestRecord:
-        """The record of ``generation`` arriving now as ``request``."""
+    def of(
+        cls, request: web.Request, generation: Generation, request_id: str = ""
+    ) -> RequestRecord:
+        """The record of ``generation`` arriving now as ``request`` (with ``request_id`` when
+        the caller minted it: choices of one call name each other)."""
         resource = request.match_info.route.resource
-        return cls(resource.canonical if resource is not None else request.path, generation)
+        route = resource.canonical if resource is not None else request.path
+        if request_id:
+            return cls(route, generation, request_id)
+        return cls(route, generation)
 
     def take(self, piece: Piece) -> None:
         """A piece of output, as the reply takes it to write it out."""

@@ -59,6 +59,7 @@ class Output:
     tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[list[Any]] = field(default_factory=list)
+    prompt_logprobs: list[list[Any]] = field(default_factory=list)
 
 
 class EventSource(Protocol):
@@ -105,15 +106,17 @@ async def collect(stream: RequestStream) -> Output:
     tokens = 0
     token_ids: list[int] = []
     logprobs: list[list[Any]] = []
+    prompt_logprobs: list[list[Any]] = []
     finish: Finish | None = None
     async for piece in stream.pieces():
         parts.append(piece.text)
         tokens += piece.tokens
         token_ids += piece.token_ids
         logprobs += piece.logprobs
+        prompt_logprobs += piece.prompt_logprobs
         finish = piece.finish
     assert finish is not None
-    return Output(finish, "".join(parts), tokens, token_ids, logprobs)
+    return Output(finish, "".join(parts), tokens, token_ids, logprobs, prompt_logprobs)
 
 
 async def write_sse(

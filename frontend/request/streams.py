@@ -47,6 +47,7 @@ class Piece:
     finish: Finish | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[list[Any]] = field(default_factory=list)
+    prompt_logprobs: list[list[Any]] = field(default_factory=list)  # when asked, in order
 
 
 class RequestStream:
@@ -165,6 +166,7 @@ class _Merged:
         self.text = bytearray()
         self.token_ids: list[int] = []
         self.logprobs: list[list[Any]] = []
+        self.prompt_logprobs: list[list[Any]] = []
         self.last: protocol.RequestUpdate | None = None
 
     def add(self, update: protocol.RequestUpdate) -> None:
@@ -172,13 +174,16 @@ class _Merged:
         self.text += update.text
         self.token_ids += update.token_ids
         self.logprobs += update.logprobs
+        self.prompt_logprobs += update.prompt_logprobs
         self.last = update
 
     def piece(self, decoder: codecs.IncrementalDecoder) -> Piece:
         assert self.last is not None
         finish = _finish_of(self.last) if self.last.finish_reason is not None else None
         text = decoder.decode(bytes(self.text))
-        return Piece(text, len(self.token_ids), finish, self.token_ids, self.logprobs)
+        return Piece(
+            text, len(self.token_ids), finish, self.token_ids, self.logprobs, self.prompt_logprobs
+        )
 
 
 def _finish_of(update: protocol.RequestUpdate) -> Finish:

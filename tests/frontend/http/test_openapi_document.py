@@ -61,18 +61,18 @@ def test_every_reference_resolves() -> None:
 
 
 @pytest.mark.parametrize(
-    ("schema", "fields"),
+    ("schema", "fields", "low"),
     [
-        ("GenerateRequest", ["max_tokens"]),
-        ("CompletionRequest", ["max_tokens"]),
-        ("ChatCompletionRequest", ["max_tokens", "max_completion_tokens"]),
+        ("GenerateRequest", ["max_tokens"], 1),
+        ("CompletionRequest", ["max_tokens"], 0),  # 0 with echo: the prompt alone
+        ("ChatCompletionRequest", ["max_tokens", "max_completion_tokens"], 1),
     ],
 )
-def test_output_lengths_carry_the_node_limit(schema: str, fields: list[str]) -> None:
+def test_output_lengths_carry_the_node_limit(schema: str, fields: list[str], low: int) -> None:
     properties = DOC["components"]["schemas"][schema]["properties"]
     for field in fields:
         [bounded] = [s for s in properties[field]["anyOf"] if s.get("type") == "integer"]
-        assert (bounded["minimum"], bounded["maximum"]) == (1, 256)
+        assert (bounded["minimum"], bounded["maximum"]) == (low, 256)
     assert "maximum" not in json.dumps(
         document()["components"]["schemas"][schema]["properties"][fields[0]]
     )
@@ -114,8 +114,31 @@ async def test_generation_replies_conform(
         assert_conforms(event, payload)
 
 
+MORE_CASES = [
+    ("/v1/completions", {**COMPLETION, "n": 2, "logprobs": 1}, "Completion"),
+    ("/v1/completions", {**COMPLETION, "prompt": [[1, 2], [3]], "echo": True, "logprobs": 1},
+     "Completion"),
+    ("/v1/chat/completions", {**CHAT, "n": 2, "logprobs": True}, "ChatCompletion"),
+    ("/tokenize", {"prompt": "Hi", "return_token_strs": True}, "TokenizeReply"),
+    ("/tokenize", {"messages": CHAT["messages"]}, "TokenizeReply"),
+    ("/detokenize", {"tokens": [1, 2]}, "DetokenizeReply"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "body", "schema"), MORE_CASES)
+async def test_several_choices_and_tokenizer_replies_conform(
+    served: Client, engine: FakeEngine, path: str, body: dict[str, Any], schema: str
+) -> None:
+    engine.script = with_logprobs
+    reply = await served.post(path, json=body)
+    assert reply.status == 200, await reply.text()
+    assert_conforms(schema, await reply.json())
+
+
 async def test_other_replies_conform(served: Client) -> None:
-    for path, schema in [("/health", "Status"), ("/ready", "Status"), ("/v1/models", "ModelList")]:
+    gets = [("/health", "Status"), ("/ready", "Status"), ("/v1/models", "ModelList"),
+            ("/tokenizer_info", "TokenizerInfo")]  # fmt: skip
+    for path, schema in gets:
         reply = await served.get(path)
         assert reply.status == 200
         assert_conforms(schema, await reply.json())
@@ -125,7 +148,7 @@ async def test_error_replies_conform(served: Client, engine: FakeEngine) -> None
     native = await served.post("/generate", json={"prompt": "Hi", "top_k": -1})
     assert native.status == 400
     assert_conforms("Error", await native.json())
-    openai = await served.post("/v1/completions", json={**COMPLETION, "n": 2})
+    openai = await served.post("/v1/completions", json={**COMPLETION, "best_of": 2})
     assert openai.status == 400
     assert_conforms("OpenAIError", await openai.json())
     failure = {"finish_reason": protocol.FINISH_ERROR, "detail": "decode failed"}

@@ -41,7 +41,7 @@ def test_completion_defaults_follow_openai() -> None:
     req = completion()
     expected = Generation("p", 32, SamplingParams(temperature=1.0))
     assert (req.model, req.generation(CONFIG)) == ("m", expected)
-    assert req.prompt_ids is None and not req.include_usage
+    assert req.prompt == ["p"] and not req.include_usage
 
 
 def test_every_completion_field() -> None:
@@ -84,11 +84,8 @@ def test_unknown_field_is_named(name: str, value: Any) -> None:
 @pytest.mark.parametrize(
     ("parse", "name", "value"),
     [
-        (completion, "n", 2),
         (completion, "best_of", 3),
-        (completion, "echo", True),
         (completion, "suffix", "tail"),
-        (chat, "n", 4),
         (chat, "tools", [{"type": "function", "function": {"name": "f"}}]),
         (chat, "tool_choice", "auto"),
         (chat, "audio", {"voice": "x"}),
@@ -126,7 +123,11 @@ def test_a_bool_is_no_default_number() -> None:
         ({"user": 5}, "user"),
         ({"model": ""}, "model"),
         ({"prompt": ""}, "prompt"),
-        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": ["a"] * 17}, "prompt"),
+        ({"prompt": ["a", [1]], "n": 0}, "n"),
+        ({"prompt": ["a", "b", "c", "d"], "n": 5}, "n"),
+        ({"max_tokens": 0, "echo": False}, "max_tokens"),
+        ({"echo": 1}, "echo"),
         ({"prompt": [1, -2]}, "prompt"),
         ({"prompt": [1.5]}, "prompt"),
     ],
@@ -137,8 +138,20 @@ def test_bad_completion_fields(body: dict[str, Any], param: str) -> None:
 
 def test_prompt_forms() -> None:
     assert completion(prompt=["one"]).generation(CONFIG).prompt == "one"
-    assert completion(prompt=[5, 6]).prompt_ids == [5, 6]
-    assert completion(prompt=[[5, 6]]).prompt_ids == [5, 6]
+    assert completion(prompt=[5, 6]).prompt == [[5, 6]]
+    assert completion(prompt=[[5, 6]]).prompt == [[5, 6]]
+    assert completion(prompt=[5.0]).prompt == [[5]]
+    several = completion(prompt=["a", "b"])
+    assert several.prompt == ["a", "b"] and several.generation(CONFIG).prompt == ""
+    assert completion(prompt=[[1], [2, 3]]).prompt == [[1], [2, 3]]
+
+
+def test_echo_n_and_max_tokens_0() -> None:
+    req = completion(echo=True, max_tokens=0, logprobs=2, n=3)
+    generation = req.generation(CONFIG)
+    assert (generation.max_tokens, generation.prompt_logprobs, req.n) == (0, 2, 3)
+    assert completion(logprobs=2).generation(CONFIG).prompt_logprobs == -1  # without echo
+    assert completion(echo=True).generation(CONFIG).prompt_logprobs == -1  # without logprobs
 
 
 def test_user_is_the_tenant_unless_tenant_is_given() -> None:

@@ -161,10 +161,10 @@ async def test_chat_logprobs_stream(served: Client, engine: FakeEngine) -> None:
 
 
 async def test_openai_error_shape_names_the_field(served: Client, engine: FakeEngine) -> None:
-    response = await served.post("/v1/chat/completions", json={**CHAT, "n": 2})
+    response = await served.post("/v1/completions", json={**COMPLETION, "best_of": 2})
     error = await openai_error(response, 400)
     assert (error["type"], error["param"], error["code"]) == (
-        "invalid_request_error", "n", "unsupported_parameter"
+        "invalid_request_error", "best_of", "unsupported_parameter"
     )  # fmt: skip
     assert engine.submits == []
 

@@ -1,0 +1,241 @@
+"""Several choices in one OpenAI reply: a list of prompts (completions), ``n`` > 1 (both
+routes), and ``echo`` (completions).
+
+Every choice is an engine request of its own, run through the same pipeline as a single one
+(``pipeline.run``: its own record, span, log line and metrics) and collected whole; the reply
+is one JSON body with a choice per (prompt, i) at ``index = prompt * n + i``, usage summed (a
+prompt's tokens counted once, however many choices it has). The n choices of one prompt share
+its prefill: the first is submitted first and the others name it (``fork_of``), so the engine
+copies its KV (``engine/forks.py``); with a seed, choice ``index`` samples with
+``seed + index``. The first failure (a rejection, an error) is the reply, and the other
+choices are cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from tinyserve.frontend.http.appkeys import LINK, TOKENIZER
+from tinyserve.frontend.models.common import json_response
+from tinyserve.frontend.models.openai_reply_bodies import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    PromptTokensDetails,
+    Usage,
+)
+from tinyserve.frontend.openai.openai_logprobs import (
+    chat_logprobs,
+    completion_logprobs,
+    echo_logprobs,
+    token_logprobs,
+)
+from tinyserve.frontend.openai.openai_reply import FINISH_REASONS, OpenAIReply, openai_finish_error
+from tinyserve.frontend.request import pipeline
+from tinyserve.frontend.request.generation import Generation
+from tinyserve.frontend.request.record import RequestRecord, new_request_id
+from tinyserve.frontend.request.reply_common import Output, collect
+from tinyserve.frontend.request.streams import RequestStream
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt of the call: its token ids, and its text as ``echo`` returns it."""
+
+    ids: list[int]
+    text: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One engine request of the call."""
+
+    index: int
+    prompt: int  # its prompt's position in the call
+    generation: Generation
+    request_id: str
+
+
+@dataclass
+class Result:
+    """A choice served to its end: its output and its record."""
+
+    output: Output
+    record: RequestRecord
+
+
+def plan(generation: Generation, n_prompts: int, n: int) -> list[Choice]:
+    """The call's choices, in reply order; the first of each prompt prefills it for the rest,
+    and only it asks for the prompt's logprobs (the others share them)."""
+    seed = generation.sampling.seed
+    choices: list[Choice] = []
+    for prompt in range(n_prompts):
+        leader = new_request_id()
+        for i in range(n):
+            index = prompt * n + i
+            sampling = generation.sampling
+            if seed is not None:
+                sampling = dataclasses.replace(sampling, seed=seed + index)
+            own = dataclasses.replace(
+                generation,
+                sampling=sampling,
+                fork_of=leader if i else "",
+                prompt_logprobs=generation.prompt_logprobs if i == 0 else -1,
+            )
+            choices.append(Choice(index, prompt, own, leader if i == 0 else new_request_id()))
+    return choices
+
+
+class _Collect:
+    """A ``Reply`` that keeps a choice's whole output instead of answering; a finish that is
+    an error is answered as the single-choice reply would, and kept."""
+
+    def __init__(self) -> None:
+        self.result: Result | None = None
+        self.error: web.Response | None = None
+
+    async def __call__(
+        self, request: web.Request, stream: RequestStream, record: RequestRecord
+    ) -> web.StreamResponse:
+        output = await collect(stream)
+        error = openai_finish_error(output.finish, request.app[LINK].load())
+        if error is not None:
+            error.request_id = record.request_id
+            self.error = error.response(openai=True)
+            return self.error
+        self.result = Result(output, record)
+        return web.Response()  # for the record's status: the call's reply is written once
+
+
+async def serve(
+    request: web.Request, choices: list[Choice], prompts: list[Prompt]
+) -> list[Result] | web.Response:
+    """Run every choice at once; their results in order, or the first failure's reply."""
+    collectors = [_Collect() for _ in choices]
+    # NOTE: tasks start in order and each submits before its first await, so a prompt's
+    # first choice reaches the engine before the choices that copy its prefill.
+    tasks = [
+        asyncio.create_task(
+            pipeline.run(
+                request, c.generation, collect_, prompts[c.prompt].ids, request_id=c.request_id
+            )
+        )
+        for c, collect_ in zip(choices, collectors, strict=True)
+    ]
+    try:
+        await _until_all_or_a_failure(tasks, collectors)
+    finally:
+        for task in tasks:
+            task.cancel()  # after a failure: the others end (and are cancelled in the engine)
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task, collector in zip(tasks, collectors, strict=True):
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]  # an ApiError: the call's reply
+        if collector.error is not None:
+            return collector.error
+    return [c.result for c in collectors if c.result is not None]
+
+
+async def _until_all_or_a_failure(
+    tasks: list[asyncio.Task[web.StreamResponse]], collectors: list[_Collect]
+) -> None:
+    pending: set[asyncio.Task[web.StreamResponse]] = set(tasks)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        failed = any(not t.cancelled() and t.exception() is not None for t in done)
+        if failed or any(c.error is not None for c in collectors):
+            return
+
+
+def usage(results: list[Result], prompts: list[Prompt]) -> Usage:
+    """Summed over the choices; each prompt's tokens once (its choices shared its prefill)."""
+    prompt_tokens = sum(len(p.ids) for p in prompts)
+    completion_tokens = sum(r.output.tokens for r in results)
+    cached = sum(r.output.finish.cached_tokens for r in results)
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
+
+
+async def completion_reply(
+    request: web.Request,
+    reply: OpenAIReply,
+    choices: list[Choice],
+    prompts: list[Prompt],
+    echo: bool,
+) -> web.Response:
+    served = await serve(request, choices, prompts)
+    if isinstance(served, web.Response):
+        return served
+    leaders = {
+        c.prompt: r for c, r in zip(choices, served, strict=True) if not c.generation.fork_of
+    }
+    body_choices = []
+    for choice, result in zip(choices, served, strict=True):
+        output = result.output
+        leader = leaders[choice.prompt]  # the prompt's logprobs came with its first choice
+        logprobs = await _completion_logprobs(
+            request, reply, prompts[choice.prompt], output, leader.output, echo
+        )
+        text = (prompts[choice.prompt].text if echo else "") + output.text
+        reason = FINISH_REASONS.get(output.finish.reason, "stop")
+        body_choices.append(
+            CompletionChoice(index=choice.index, text=text, logprobs=logprobs, finish_reason=reason)
+        )
+    first = served[0].record
+    total = usage(served, prompts)
+    body = Completion(**reply.envelope(first), choices=body_choices, usage=total)
+    return json_response(body, headers={"X-Request-Id": first.request_id})
+
+
+async def _completion_logprobs(
+    request: web.Request,
+    reply: OpenAIReply,
+    prompt: Prompt,
+    output: Output,
+    leader: Output,
+    echo: bool,
+) -> CompletionLogprobs | None:
+    generated = await reply.logprobs_of(output.token_ids, output.logprobs)
+    if generated is None:
+        return None
+    if not echo:
+        return completion_logprobs(generated, 0)
+    tokenizer = request.app[TOKENIZER]
+    scored = await token_logprobs(tokenizer, prompt.ids[1:], leader.prompt_logprobs)
+    [first] = await tokenizer.token_pieces(prompt.ids[:1])
+    return echo_logprobs(first, scored, generated)
+
+
+async def chat_reply(
+    request: web.Request, reply: OpenAIReply, choices: list[Choice], prompt: Prompt
+) -> web.Response:
+    served = await serve(request, choices, [prompt])
+    if isinstance(served, web.Response):
+        return served
+    body_choices = []
+    for choice, result in zip(choices, served, strict=True):
+        output = result.output
+        tokens = await reply.logprobs_of(output.token_ids, output.logprobs)
+        body_choices.append(
+            ChatChoice(
+                index=choice.index,
+                message=AssistantMessage(content=output.text),
+                logprobs=None if tokens is None else chat_logprobs(tokens),
+                finish_reason=FINISH_REASONS.get(output.finish.reason, "stop"),
+            )
+        )
+    first = served[0].record
+    total = usage(served, [prompt])
+    body = ChatCompletion(**reply.envelope(first), choices=body_choices, usage=total)
+    return json_response(body, headers={"X-Request-Id": first.request_id})

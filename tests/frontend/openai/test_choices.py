@@ -1,0 +1,127 @@
+"""Several choices in one OpenAI reply (a list of prompts, n > 1, echo), against the scripted
+stand-in engine: what is submitted, and how the choices come back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp.test_utils import TestClient
+
+from tests.frontend.harness import FakeEngine, Tick, accepted, until
+from tinyserve import protocol
+
+Client = TestClient[Any, Any]
+COMPLETION = {"model": "fake", "prompt": "Hi"}
+
+
+def echo_script(submit: protocol.Submit) -> list[Tick]:
+    """Prompt logprobs when asked (-0.5 - i/10 for prompt token i + 1), then max_tokens
+    tokens "x" (id 87) at -1.0 each."""
+    prompt = submit.prompt_ids
+    first: dict[str, Any] = accepted()
+    if submit.prompt_logprobs >= 0:
+        first["prompt_logprobs"] = [[-0.5 - i / 10, [[t, -0.25]]] for i, t in enumerate(prompt[1:])]
+    ticks: list[Tick] = [[first]]
+    for _ in range(submit.max_tokens):
+        ticks.append([{"token_ids": [87], "text": b"x", "logprobs": [[-1.0, [[87, -1.0]]]]}])
+    ticks.append([{"finish_reason": protocol.FINISH_LENGTH, "prompt_tokens": len(prompt)}])
+    return ticks
+
+
+async def test_a_list_of_prompts_gives_a_choice_per_prompt_in_order(
+    served: Client, engine: FakeEngine
+) -> None:
+    engine.script = echo_script
+    body = {**COMPLETION, "prompt": ["One", [5, 6, 7]], "max_tokens": 2}
+    reply = await (await served.post("/v1/completions", json=body)).json()
+    assert [c["index"] for c in reply["choices"]] == [0, 1]
+    assert [c["text"] for c in reply["choices"]] == ["xx", "xx"]
+    by_prompt = {tuple(s.prompt_ids): s for s in engine.submits}
+    assert (5, 6, 7) in by_prompt and len(engine.submits) == 2
+    assert all(s.fork_of == "" for s in engine.submits)
+    prompt_tokens = sum(len(s.prompt_ids) for s in engine.submits)
+    assert reply["usage"]["prompt_tokens"] == prompt_tokens
+    assert reply["usage"]["completion_tokens"] == 4
+
+
+async def test_n_choices_share_the_first_ones_prefill_and_seed_plus_index(
+    served: Client, engine: FakeEngine
+) -> None:
+    engine.script = echo_script
+    body = {**COMPLETION, "n": 3, "seed": 5, "max_tokens": 1}
+    reply = await (await served.post("/v1/completions", json=body)).json()
+    assert [c["index"] for c in reply["choices"]] == [0, 1, 2]
+    first, *others = engine.submits  # submitted in order: the first prefills
+    assert first.fork_of == "" and all(s.fork_of == first.request_id for s in others)
+    assert [s.sampling.seed for s in engine.submits] == [5, 6, 7]
+    assert reply["id"] == "cmpl-" + first.request_id
+    assert reply["usage"]["prompt_tokens"] == len(first.prompt_ids)  # counted once
+    assert reply["usage"]["completion_tokens"] == 3
+
+
+async def test_chat_n(served: Client, engine: FakeEngine) -> None:
+    body = {"model": "fake", "messages": [{"role": "user", "content": "Hi"}], "n": 2}
+    reply = await (await served.post("/v1/chat/completions", json=body)).json()
+    assert [c["message"]["content"] for c in reply["choices"]] == ["Hello", "Hello"]
+    assert [c["index"] for c in reply["choices"]] == [0, 1]
+    assert engine.submits[1].fork_of == engine.submits[0].request_id
+
+
+async def test_echo_with_logprobs_and_max_tokens_0(served: Client, engine: FakeEngine) -> None:
+    engine.script = echo_script
+    body = {**COMPLETION, "prompt": [10, 11, 12], "echo": True, "logprobs": 1, "max_tokens": 0}
+    reply = await (await served.post("/v1/completions", json=body)).json()
+    [submit] = engine.submits
+    assert (submit.prompt_logprobs, submit.max_tokens) == (1, 0)
+    [choice] = reply["choices"]
+    logprobs = choice["logprobs"]
+    assert logprobs["token_logprobs"] == [None, -0.5, -0.6]
+    assert logprobs["top_logprobs"][0] is None and len(logprobs["top_logprobs"]) == 3
+    assert choice["text"] == "".join(logprobs["tokens"])  # the prompt's text, token by token
+    offsets = [0]
+    for token in logprobs["tokens"][:-1]:
+        offsets.append(offsets[-1] + len(token))
+    assert logprobs["text_offset"] == offsets
+    assert reply["usage"]["completion_tokens"] == 0
+
+
+async def test_echo_then_the_generated_tokens(served: Client, engine: FakeEngine) -> None:
+    engine.script = echo_script
+    body = {**COMPLETION, "prompt": "Hello there", "echo": True, "logprobs": 0, "max_tokens": 2}
+    reply = await (await served.post("/v1/completions", json=body)).json()
+    [choice] = reply["choices"]
+    assert choice["text"] == "Hello therexx"
+    [submit] = engine.submits
+    logprobs = choice["logprobs"]["token_logprobs"]
+    assert len(logprobs) == len(submit.prompt_ids) + 2
+    assert logprobs[-2:] == [-1.0, -1.0]
+
+
+async def test_several_choices_do_not_stream(served: Client, engine: FakeEngine) -> None:
+    for extra in ({"n": 2}, {"prompt": ["a", "b"]}, {"echo": True}):
+        response = await served.post(
+            "/v1/completions", json={**COMPLETION, "stream": True, **extra}
+        )
+        assert response.status == 400
+        assert (await response.json())["error"]["param"] == "stream"
+    assert engine.submits == []
+
+
+async def test_one_failing_choice_fails_the_call_and_cancels_the_others(
+    served: Client, engine: FakeEngine
+) -> None:
+    def script(submit: protocol.Submit) -> list[Tick]:
+        if submit.fork_of:
+            return [[accepted()], [{"finish_reason": protocol.FINISH_ERROR, "detail": "boom"}]]
+        return [[accepted()]] + [[{"token_ids": [1], "text": b"a"}]] * 200  # never ends
+
+    engine.script = script
+    response = await served.post("/v1/completions", json={**COMPLETION, "n": 2})
+    assert response.status == 500
+    assert "boom" in (await response.json())["error"]["message"]
+    first = engine.submits[0].request_id
+
+    async def cancelled() -> bool:
+        return any(c.request_id == first for c in engine.cancels)
+
+    await until(cancelled)
