@@ -15,6 +15,7 @@ from tinyserve.config import Config
 from tinyserve.frontend.models.common import Reply, Text, cross_field, expect, is_none
 from tinyserve.frontend.models.errors import ErrorDetail
 from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, OutputLength, Sampling
+from tinyserve.frontend.models.openai_requests import LogprobCount
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.structured.constraints import Constraint
 
@@ -27,6 +28,11 @@ class GenerateRequest(Sampling):
     )
     max_tokens: OutputLength = Field(None, description=MAX_TOKENS_TEXT)
     timeline: bool = Field(False, description="add the engine's timeline to the final object")
+    prompt_logprobs: LogprobCount | None = Field(
+        None,
+        description="add the logprob of every prompt token (the first has none) and this many "
+        "alternatives each to the final object",
+    )
     grammar: Text = Field("", description="GBNF grammar the output follows (root rule: root)")
     json_schema: dict[str, Any] | None = Field(
         None, description="JSON schema the output follows (a grammar is built from it)"
@@ -40,7 +46,11 @@ class GenerateRequest(Sampling):
 
     def generation(self, config: Config) -> Generation:
         """The request with every default resolved."""
-        return self.resolved(max_tokens=self.max_tokens or config.default_max_tokens)
+        prompt_logprobs = -1 if self.prompt_logprobs is None else self.prompt_logprobs
+        return self.resolved(
+            max_tokens=self.max_tokens or config.default_max_tokens,
+            prompt_logprobs=prompt_logprobs,
+        )
 
     def constraint(self) -> Constraint:
         """What the output must follow: ``grammar`` or ``json_schema`` (or nothing)."""
@@ -96,11 +106,25 @@ class _Final(Reply):
     )
 
 
+class TokenLogprob(Reply):
+    token_id: int
+    logprob: float
+
+
+class PromptTokenLogprob(TokenLogprob):
+    top_logprobs: list[TokenLogprob] = Field(description="the likeliest tokens, best first")
+
+
 class GenerateReply(_Final):
     """The whole output; also the final event of a stream (with ``text`` empty)."""
 
     text: str
     finish_reason: NativeFinishReason
+    prompt_logprobs: list[PromptTokenLogprob | None] | None = Field(
+        default=None,
+        exclude_if=is_none,
+        description="when asked: one per prompt token, null for the first (nothing precedes it)",
+    )
 
 
 class GenerateDelta(Reply):

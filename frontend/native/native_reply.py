@@ -22,7 +22,10 @@ from tinyserve.frontend.models.native import (
     GenerateReply,
     NativeFinishReason,
     NativeUsage,
+    PromptTokenLogprob,
+    TokenLogprob,
 )
+from tinyserve.frontend.openai.openai_logprobs import finite
 from tinyserve.frontend.request.admission import Load
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.reply_common import (
@@ -53,6 +56,7 @@ async def json_reply(stream: RequestStream, record: RequestRecord, load: LoadNow
         error.request_id = record.request_id
         return error.response()
     reply = _reply(record, output.finish, output.tokens, output.text)
+    reply.prompt_logprobs = _prompt_logprobs(record, output.prompt_logprobs)
     return json_response(reply, headers={"X-Request-Id": record.request_id})
 
 
@@ -113,6 +117,23 @@ def _reply(record: RequestRecord, finish: Finish, tokens: int, text: str) -> Gen
         usage=_usage(record, finish, tokens),
         timeline=_timeline(record, finish),
     )
+
+
+def _prompt_logprobs(
+    record: RequestRecord, entries: list[list[Any]]
+) -> list[PromptTokenLogprob | None] | None:
+    """The engine's entries paired with the prompt's tokens (the first has none)."""
+    if record.generation.prompt_logprobs < 0:
+        return None
+    scored = [
+        PromptTokenLogprob(
+            token_id=token,
+            logprob=finite(logprob),
+            top_logprobs=[TokenLogprob(token_id=int(t), logprob=finite(lp)) for t, lp in top],
+        )
+        for token, (logprob, top) in zip(record.prompt_ids[1:], entries, strict=False)
+    ]
+    return [None, *scored]
 
 
 def _usage(record: RequestRecord, finish: Finish, completion_tokens: int) -> NativeUsage:

@@ -49,8 +49,8 @@ async def token_logprobs(
     return [
         TokenLogprob(
             pieces[token],
-            _finite(entry[0]),
-            [(pieces[int(alt_id)], _finite(alt_lp)) for alt_id, alt_lp in entry[1]],
+            finite(entry[0]),
+            [(pieces[int(alt_id)], finite(alt_lp)) for alt_id, alt_lp in entry[1]],
         )
         for token, entry in zip(token_ids, entries, strict=False)
     ]
@@ -106,5 +106,6 @@ def _chat_token(token: bytes, logprob: float) -> TopLogprob:
     return TopLogprob(token=token.decode("utf-8", "replace"), logprob=logprob, bytes=list(token))
 
 
-def _finite(logprob: float) -> float:
+def finite(logprob: float) -> float:
+    """A logprob JSON can hold (``LOGPROB_FLOOR`` for minus infinity)."""
     return float(logprob) if math.isfinite(logprob) else LOGPROB_FLOOR

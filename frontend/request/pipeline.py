@@ -69,7 +69,7 @@ async def _run(
         check_token_ids(prompt_ids, ack.n_vocab)
     check_prompt_limit(len(prompt_ids), app[CONFIG].max_prompt_tokens)
     check_prompt_fits(len(prompt_ids), req.max_tokens, ack.n_ctx)
-    record.prompt_tokens = len(prompt_ids)
+    record.prompt_tokens, record.prompt_ids = len(prompt_ids), prompt_ids
     with step(request, record, "admission"):
         blocks = _admit(request, record)
     submit = _submit_message(record, prompt_ids, app[CLIENT].frontend_id)

@@ -36,6 +36,7 @@ class RequestRecord:
     request_id: str = field(default_factory=new_request_id)
     arrival_ns: int = field(default_factory=time.monotonic_ns)
     prompt_tokens: int = 0
+    prompt_ids: list[int] = field(default_factory=list)  # once tokenized
     admission: dict[str, Any] = field(default_factory=dict)
     replied: bool = False  # the engine accepted it and the surface's reply took over
     first_token_ns: int = 0  # when the reply took the first token; 0 before
