@@ -155,33 +155,59 @@ class Sampler:
         return np.ctypeslib.as_array(ptr, shape=(self._vocab.n_vocab,))
 
     def _sample_constrained(self, ctx: llama_cpp.llama_context_p, row: int) -> int:
-        """The grammar first, then the chain over the candidates it allows (what
-        ``llama_sampler_sample`` does, with the grammar's verdict checked in between)."""
-        cells = self._cells
-        assert cells is not None
-        cells["id"] = np.arange(len(cells), dtype=np.int32)
-        cells["logit"] = self._logits(ctx, row)
-        cells["p"] = 0.0
-        array = llama_cpp.llama_token_data_array(
-            cells.ctypes.data_as(llama_cpp.llama_token_data_p), len(cells), -1, False
-        )
-        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
-        permitted = np.isfinite(cells["logit"])  # by token id: the grammar keeps the order
-        allowed = cells[permitted]
-        if not len(allowed):
-            raise RequestError("the grammar allows no token at this point of the output")
-        cells[: len(allowed)] = allowed
-        array.size, array.selected, array.sorted = len(allowed), -1, False
-        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(array))
-        if not 0 <= array.selected < array.size:
-            raise RequestError("the sampler chain selected no candidate")
-        token = int(array.data[array.selected].id)  # a stage may have moved the array
-        if not 0 <= token < len(permitted) or not permitted[token]:
-            raise RequestError(f"the sampler picked token {token}, which the grammar forbids")
+        """As llama.cpp's own server: the chain picks from every candidate, and only when the
+        grammar refuses that token does it pick again from the candidates the grammar allows.
+        Asking the grammar about one token costs microseconds; about the whole vocabulary,
+        ~10-30 ms here, per sequence and token (measured). Both verdicts are checked before
+        the grammar is told the token."""
+        logits = self._logits(ctx, row)
+        token = self._pick(logits, None)
+        if not self._allows(token):
+            permitted = self._permitted(logits)
+            token = self._pick(logits, permitted)
+            if not permitted[token]:
+                raise RequestError(f"the sampler picked token {token}, which the grammar forbids")
         # Both record the token: the grammar advances, penalties remember it.
         llama_cpp.llama_sampler_accept(self._grammar, token)
         llama_cpp.llama_sampler_accept(self._chain, token)
         return token
+
+    def _candidates(self, logits: np.ndarray, permitted: np.ndarray | None) -> Any:
+        """A candidate array over ``self._cells``: every token, or the ``permitted`` ones."""
+        cells = self._cells
+        assert cells is not None
+        ids = np.arange(len(cells), dtype=np.int32)
+        if permitted is not None:
+            ids = ids[permitted]
+        n = len(ids)
+        cells["id"][:n], cells["logit"][:n], cells["p"][:n] = ids, logits[ids], 0.0
+        data = cells.ctypes.data_as(llama_cpp.llama_token_data_p)
+        return llama_cpp.llama_token_data_array(data, n, -1, False)
+
+    def _pick(self, logits: np.ndarray, permitted: np.ndarray | None) -> int:
+        """The chain's choice among the candidates (nothing recorded yet)."""
+        array = self._candidates(logits, permitted)
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(array))
+        if not 0 <= array.selected < array.size:
+            raise RequestError("the sampler chain selected no candidate")
+        return int(array.data[array.selected].id)  # a stage may have moved the array
+
+    def _allows(self, token: int) -> bool:
+        """The grammar's verdict on ``token`` alone."""
+        cell = llama_cpp.llama_token_data(token, 0.0, 0.0)
+        array = llama_cpp.llama_token_data_array(ctypes.pointer(cell), 1, -1, False)
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
+        return bool(math.isfinite(cell.logit))
+
+    def _permitted(self, logits: np.ndarray) -> np.ndarray:
+        """Which tokens the grammar allows next, by token id; a dead end is an error."""
+        array = self._candidates(logits, None)
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
+        assert self._cells is not None
+        permitted: np.ndarray = np.isfinite(self._cells["logit"])  # the grammar keeps the order
+        if not permitted.any():
+            raise RequestError("the grammar allows no token at this point of the output")
+        return permitted
 
     def free(self) -> None:
         if self._chain is not None:

@@ -1,12 +1,14 @@
 """``POST /v1/chat/completions``: the request body and its messages.
 
-Roles: system, user, assistant, and ``developer`` (OpenAI's newer name for system) taken as
-system. Content: a string, or a list of text parts joined by newlines; other part types, tool
-calls and the tool role are features this server does not have, so they are 400s.
+Roles: system, user, assistant, tool, and ``developer`` (OpenAI's newer name for system)
+taken as system. Content: a string, or a list of text parts joined by newlines; other part
+types are 400s. Tools, tool calls and tool results are rendered in the generic format of
+``structured.tool_calls``.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
@@ -25,8 +27,11 @@ from tinyserve.frontend.models.common import (
 )
 from tinyserve.frontend.models.fields import OutputLength
 from tinyserve.frontend.models.openai_requests import STREAM_RULE, LogprobCount, OpenAIRequest
+from tinyserve.frontend.models.tools import NamedToolChoice, Tool, ToolCallIn, ToolChoice
 from tinyserve.frontend.openai.chat_template import ChatMessage as TemplateMessage
 from tinyserve.frontend.request.generation import Generation
+from tinyserve.frontend.structured import tool_calls
+from tinyserve.frontend.structured.constraints import Constraint, response_format_constraint
 
 
 class TextPart(Body):
@@ -71,12 +76,12 @@ class ChatMessage(Body):
 
     model_config = ConfigDict(json_schema_extra=_CONTENT_RULE)
 
-    role: Literal["system", "user", "assistant", "developer"]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Content | None = None
     name: Text | None = None
-    tool_calls: EmptyOnly = None
+    tool_calls: list[ToolCallIn] | None = Field(None, description="an assistant's tool calls")
     function_call: EmptyOnly = None
-    tool_call_id: EmptyOnly = None
+    tool_call_id: Text | None = Field(None, description="the call a tool message answers")
     refusal: EmptyOnly = None
     audio: EmptyOnly = None
 
@@ -84,12 +89,20 @@ class ChatMessage(Body):
     def _content_unless_assistant(self) -> Self:
         if self.content is None and self.role != "assistant":
             raise cross_field("content", "'content' is required unless the role is assistant")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise cross_field("tool_call_id", "a tool message needs 'tool_call_id'")
         return self
 
     def for_template(self) -> TemplateMessage:
-        """This message as the chat template takes it."""
+        """This message as the chat template takes it (tool calls and results in the generic
+        format: a tool's result is a user message)."""
         content = self.content or ""
         text = content if isinstance(content, str) else "\n".join(p.text for p in content)
+        if self.role == "tool":
+            return TemplateMessage("user", tool_calls.response_text(text), self.name)
+        if self.tool_calls:
+            calls = "\n".join(tool_calls.call_text(call) for call in self.tool_calls)
+            text = f"{text}\n{calls}" if text else calls
         return TemplateMessage("system" if self.role == "developer" else self.role, text, self.name)
 
 
@@ -126,6 +139,11 @@ class ChatCompletionRequest(OpenAIRequest):
     continue_final_message: bool = Field(
         False, description="the reply continues the final (assistant) message"
     )
+    tools: list[Tool] = Field([], description="functions the model may call")
+    tool_choice: ToolChoice | None = Field(
+        None, description="none, auto (the default with tools), required, or a named function"
+    )
+    parallel_tool_calls: bool = Field(True, description="the reply may hold several calls")
     # Ignored: bookkeeping and hints for OpenAI's own service, or only meaningful with tools.
     metadata: Any = Field(None, description=IGNORED)
     store: Any = Field(None, description=IGNORED)
@@ -134,10 +152,7 @@ class ChatCompletionRequest(OpenAIRequest):
     prompt_cache_key: Any = Field(None, description=IGNORED)
     prompt_cache_retention: Any = Field(None, description=IGNORED)
     prompt_cache_options: Any = Field(None, description=IGNORED)
-    parallel_tool_calls: Any = Field(None, description=IGNORED)
     # Features this server lacks.
-    tools: Annotated[Any, OnlyDefault(([],))] = None
-    tool_choice: Annotated[Any, OnlyDefault(("none",))] = None
     functions: Annotated[Any, OnlyDefault(([],))] = None
     function_call: Annotated[Any, OnlyDefault(("none",))] = None
     modalities: Annotated[Any, OnlyDefault((["text"],))] = None
@@ -162,7 +177,34 @@ class ChatCompletionRequest(OpenAIRequest):
         if self.continue_final_message and self.messages[-1].role != "assistant":
             message = "'continue_final_message' needs a final message from the assistant"
             raise cross_field("continue_final_message", message)
+        self._check_tools()
         return self
+
+    def _check_tools(self) -> None:
+        choice = self.tool_choice
+        if choice not in (None, "none") and not self.tools:
+            raise cross_field("tool_choice", "'tool_choice' needs 'tools'")
+        names = [tool.function.name for tool in self.tools]
+        if len(set(names)) != len(names):
+            raise cross_field("tools", "'tools' names a function twice")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise cross_field("tool_choice", f"no tool is named {choice.function.name!r}")
+        text = self.response_format is None or self.response_format.type == "text"
+        if self.calls_tools and not text:
+            raise cross_field("response_format", "'response_format' excludes 'tools'")
+
+    @property
+    def calls_tools(self) -> bool:
+        """The reply may be tool calls: tools offered, and ``tool_choice`` not none."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def constraint(self) -> Constraint:
+        """The grammar of a reply that may call tools, else the ``response_format``'s."""
+        if not self.calls_tools:
+            return response_format_constraint(self.response_format)
+        choice = self.tool_choice or "auto"
+        grammar = tool_calls.tools_grammar(self.tools, choice, self.parallel_tool_calls)
+        return Constraint("tools", grammar=grammar, tools=True)
 
     @property
     def ends_with_generation_prompt(self) -> bool:
@@ -179,5 +221,13 @@ class ChatCompletionRequest(OpenAIRequest):
         return self.resolved(prompt="", max_tokens=max_tokens, logprobs=logprobs)
 
     def template_messages(self) -> list[TemplateMessage]:
-        """The messages as the chat template takes them."""
-        return [message.for_template() for message in self.messages]
+        """The messages as the chat template takes them; the tools described in a system
+        message (added to the first one when there is one)."""
+        messages = [message.for_template() for message in self.messages]
+        if not self.calls_tools:
+            return messages
+        offer = tool_calls.tools_prompt(self.tools, self.tool_choice or "auto")
+        if messages[0].role == "system":
+            first = messages[0]
+            return [replace(first, content=f"{first.content}\n\n{offer}"), *messages[1:]]
+        return [TemplateMessage("system", offer), *messages]

@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field
 
 from tinyserve.frontend.models.common import Reply, is_none
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class PromptTokensDetails(Reply):
@@ -64,9 +64,29 @@ class CompletionChoice(CompletionChunkChoice):
     finish_reason: FinishReason
 
 
+class FunctionCall(Reply):
+    name: str
+    arguments: str = Field(description="the arguments as JSON text")
+
+
+class ToolCall(Reply):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ToolCallDelta(ToolCall):
+    """A streamed tool call: this server sends each one whole, in one delta."""
+
+    index: int
+
+
 class AssistantMessage(Reply):
+    """``content`` is null when the reply is tool calls (``finish_reason: tool_calls``)."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=is_none)
 
 
 class ChatChoice(Reply):
@@ -79,6 +99,7 @@ class ChatChoice(Reply):
 class ChatDelta(Reply):
     role: Literal["assistant"] | None = Field(default=None, exclude_if=is_none)
     content: str | None = Field(default=None, exclude_if=is_none)
+    tool_calls: list[ToolCallDelta] | None = Field(default=None, exclude_if=is_none)
 
 
 class ChatChunkChoice(Reply):

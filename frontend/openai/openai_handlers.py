@@ -75,8 +75,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prompt_ids = await request.app[TOKENIZER].tokenize_chat(chat)
     generation = dataclasses.replace(req.generation(config), prompt=chat.text)
     generation = with_defaults(generation, req, _defaults(request))
-    generation = await _constrained(request, req, generation)
+    generation = await constrained(request, generation, req.constraint())
     reply = _reply(request, req, CHAT, generation.sampling.logprobs)
+    reply.tool_calls = req.calls_tools
     if req.n > 1:
         _check_no_stream(req)
         plan = choices.plan(generation, 1, req.n)

@@ -38,6 +38,7 @@ from tinyserve.frontend.models.openai_reply_bodies import (
     CompletionChunkChoice,
     FinishReason,
     PromptTokensDetails,
+    ToolCallDelta,
     Usage,
 )
 from tinyserve.frontend.openai.openai_logprobs import (
@@ -58,6 +59,7 @@ from tinyserve.frontend.request.reply_common import (
 )
 from tinyserve.frontend.request.streams import Finish, Piece, RequestStream
 from tinyserve.frontend.request.tokenizer import Tokenizer
+from tinyserve.frontend.structured import tool_calls
 
 DONE = sse_event("[DONE]")
 FINISH_REASONS: dict[str, FinishReason] = {
@@ -105,6 +107,7 @@ class OpenAIReply:
         self.tokenizer = tokenizer
         self.logprobs = logprobs  # -1: none
         self.created = int(time.time())
+        self.tool_calls = False  # a chat reply that may hold tool calls (``tool_calls``)
 
     async def __call__(
         self, request: web.Request, stream: RequestStream, record: RequestRecord
@@ -130,6 +133,8 @@ class OpenAIReply:
         if self.surface.chat:
             logprobs = None if tokens is None else chat_logprobs(tokens)
             message = AssistantMessage(content=output.text)
+            if self.tool_calls:
+                message, reason = tool_calls.reply_message(output.text, reason)
             choice = ChatChoice(message=message, logprobs=logprobs, finish_reason=reason)
             body = ChatCompletion(**envelope, choices=[choice], usage=total)
         else:
@@ -161,11 +166,12 @@ class OpenAIReply:
         *,
         text_offset: int = 0,
         first: bool = False,
+        calls: list[ToolCallDelta] | None = None,
     ) -> bytes:
         """One chunk of a stream: new text (none: the finish chunk), its logprobs."""
         body: Chunk
         if self.surface.chat:
-            delta = ChatDelta(role="assistant" if first else None, content=text)
+            delta = ChatDelta(role="assistant" if first else None, content=text, tool_calls=calls)
             logprobs = None if tokens is None else chat_logprobs(tokens)
             choice = ChatChunkChoice(delta=delta, logprobs=logprobs, finish_reason=reason)
             body = ChatCompletionChunk(**self.envelope(record), choices=[choice])
@@ -212,6 +218,7 @@ class _Events:
         self._chars = 0  # text sent so far: where the next token's text_offset starts
         self._ended = False  # the finish chunk or an error event went out
         self._done = False
+        self._held = tool_calls.HeldText() if reply.tool_calls else None
 
     async def events(self) -> AsyncGenerator[bytes, None]:
         if self._reply.surface.chat:
@@ -236,18 +243,25 @@ class _Events:
         tokens = None
         if piece.token_ids:
             tokens = await self._reply.logprobs_of(piece.token_ids, piece.logprobs)
-        if not piece.text and tokens is None:
+        text = piece.text if self._held is None else self._held.feed(piece.text)
+        if not text and tokens is None:
             return None
         offset = self._chars
-        self._chars += len(piece.text)
-        return self._reply.chunk(self._record, piece.text, tokens, None, text_offset=offset)
+        self._chars += len(text)
+        return self._reply.chunk(self._record, text, tokens, None, text_offset=offset)
 
     def _end(self, finish: Finish) -> list[bytes]:
         error = openai_finish_error(finish, self._load())
         if error is not None:
             return [_error_event(error)]
         reason = FINISH_REASONS.get(finish.reason, "stop")
-        events = [self._reply.chunk(self._record, None, None, reason)]
+        events = []
+        if self._held is not None and self._held.text:  # a tool call, or text that began like one
+            message, reason = tool_calls.reply_message(self._held.text, reason)
+            calls = [ToolCallDelta(index=i, **call.model_dump()) for i, call in
+                     enumerate(message.tool_calls or [])] or None  # fmt: skip
+            events.append(self._reply.chunk(self._record, message.content, None, None, calls=calls))
+        events.append(self._reply.chunk(self._record, None, None, reason))
         if self._reply.include_usage:
             events.append(
                 self._reply.usage_chunk(self._record, usage(self._record, finish, self._tokens))

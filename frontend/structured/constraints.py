@@ -20,7 +20,8 @@ from tinyserve.frontend.structured.json_schema import (
     schema_to_grammar,
 )
 
-GRAMMAR, JSON_SCHEMA, JSON_OBJECT = "grammar", "json_schema", "json_object"  # metric sources
+# Metric sources.
+GRAMMAR, JSON_SCHEMA, JSON_OBJECT, TOOLS = "grammar", "json_schema", "json_object", "tools"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,9 +33,12 @@ class Constraint:
     grammar: str = ""
     schema: dict[str, Any] | None = None
     json_object: bool = False
+    tools: bool = False  # the grammar of tool calls (``structured.tool_calls``)
 
     @property
     def source(self) -> str | None:
+        if self.tools:
+            return TOOLS
         if self.schema is not None:
             return JSON_SCHEMA
         return JSON_OBJECT if self.json_object else GRAMMAR if self.grammar else None

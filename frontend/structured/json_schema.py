@@ -62,10 +62,15 @@ class SchemaError(ValueError):
 
 def schema_to_grammar(schema: Any) -> str:
     """The GBNF grammar (root rule ``root``) of the JSON values ``schema`` accepts."""
-    converter = _Converter(schema)
-    root = converter.visit(schema, "")
-    rules = [f"root ::= {root}", *converter.rules]
-    return "\n".join(rules) + "\n" + PRIMITIVES
+    root, rules = schema_rules(schema)
+    return "\n".join([f"root ::= {root}", *rules]) + "\n" + PRIMITIVES
+
+
+def schema_rules(schema: Any, prefix: str = "r") -> tuple[str, list[str]]:
+    """An expression for the values ``schema`` accepts and the rules it uses (named
+    ``prefix`` + a number, so several schemas can share one grammar with ``PRIMITIVES``)."""
+    converter = _Converter(schema, prefix)
+    return converter.visit(schema, ""), converter.rules
 
 
 def _literal(value: Any) -> str:
@@ -74,15 +79,16 @@ def _literal(value: Any) -> str:
 
 
 class _Converter:
-    def __init__(self, schema: Any) -> None:
+    def __init__(self, schema: Any, prefix: str) -> None:
         self.document = schema
+        self.prefix = prefix
         self.rules: list[str] = []
         self._refs: dict[str, str] = {}
 
     def rule(self, body: str) -> str:
         if len(self.rules) >= MAX_RULES:
             raise SchemaError("", f"the schema needs more than {MAX_RULES} grammar rules")
-        name = f"r{len(self.rules)}"
+        name = f"{self.prefix}{len(self.rules)}"
         self.rules.append(f"{name} ::= {body}")
         return name
 
@@ -150,10 +156,11 @@ class _Converter:
             if target is None:
                 raise SchemaError(f"{path}/$ref", f"{ref} is not defined")
             # The name first: a recursive schema refers to itself through it.
-            self._refs[ref] = rule = f"r{len(self.rules)}"
+            index = len(self.rules)
+            self._refs[ref] = rule = f"{self.prefix}{index}"
             self.rules.append("")
             body = self.visit(target, ref[1:])
-            self.rules[int(rule[1:])] = f"{rule} ::= {body}"
+            self.rules[index] = f"{rule} ::= {body}"
         return self._refs[ref]
 
     def _enum(self, values: Any, path: str) -> str:
@@ -179,9 +186,10 @@ class _Converter:
 
     def _object(self, schema: dict[str, Any], path: str) -> str:
         properties = schema.get("properties", {})
+        unsaid = "properties" not in schema and not schema.get("required")
+        if unsaid and schema.get("additionalProperties", True) is not False:
+            return "object"  # any object: nothing said about its members
         extra = schema.get("additionalProperties", False)
-        if "properties" not in schema and extra is not False:
-            return "object"
         if extra not in (False, None):
             raise SchemaError(f"{path}/additionalProperties", "only false with 'properties'")
         required = schema.get("required", [])

@@ -220,7 +220,7 @@ async def test_native_grammar_and_schema(node: Node) -> None:
         assert status == 400 and body["error"]["message"].startswith("'ignore_eos'"), body
         async with session.get(f"{node.url}/metrics") as resp:
             metrics = await resp.text()
-    counts = dict(re.findall(r'tinyserve_constrained_requests_total\{(.*)\} (\S+)', metrics))
+    counts = dict(re.findall(r"tinyserve_constrained_requests_total\{(.*)\} (\S+)", metrics))
     # One frontend or the other took each request: the node's totals sum them.
     assert float(counts['result="invalid",source="grammar"']) == 3, counts
     assert float(counts['result="ok",source="grammar"']) >= 1, counts
@@ -237,3 +237,108 @@ async def test_constrained_and_free_requests_together(node: Node) -> None:
         )  # fmt: skip
     assert both[0][0] == 200 and both[0][1]["text"] == free_alone[1]["text"]
     assert both[1][0] == 200 and both[1][1]["text"] in ("red!", "blue!")
+
+
+WEATHER_PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "unit"],
+}
+WEATHER_TOOL: Any = {
+    "type": "function",
+    "function": {"name": "get_weather", "description": "Current weather in a city",
+                 "parameters": WEATHER_PARAMETERS},
+}  # fmt: skip
+WEATHER_ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_required_tool_call_has_valid_arguments(client: openai.OpenAI, model: str) -> None:
+    reply = client.chat.completions.create(
+        model=model, messages=WEATHER_ASK, tools=[WEATHER_TOOL], tool_choice="required",
+        max_tokens=100, temperature=0.7, seed=3,
+    )  # fmt: skip
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.content is None
+    calls = choice.message.tool_calls or []
+    assert calls and all(c.function.name == "get_weather" for c in calls)  # type: ignore[union-attr]
+    for c in calls:
+        jsonschema.validate(json.loads(c.function.arguments), WEATHER_PARAMETERS)  # type: ignore[union-attr]
+    # The conversation goes on with the call and its result (role tool).
+    follow = client.chat.completions.create(
+        model=model,
+        messages=[*WEATHER_ASK, choice.message.model_dump(exclude_none=True),
+                  {"role": "tool", "tool_call_id": calls[0].id, "content": "18 C, sunny"}],
+        tools=[WEATHER_TOOL], tool_choice="none", max_tokens=30,
+    )  # fmt: skip
+    assert follow.choices[0].finish_reason in ("stop", "length")
+    assert follow.choices[0].message.content
+
+
+def test_streamed_tool_call_reassembles(client: openai.OpenAI, model: str) -> None:
+    stream = client.chat.completions.create(
+        model=model, messages=WEATHER_ASK, tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        parallel_tool_calls=False, max_tokens=100, stream=True,
+    )  # fmt: skip
+    arguments: dict[int, str] = {}
+    names: dict[int, str] = {}
+    reasons = []
+    for chunk in stream:
+        for choice in chunk.choices:
+            reasons.append(choice.finish_reason)
+            for delta in choice.delta.tool_calls or []:
+                names[delta.index] = names.get(delta.index, "") + (delta.function.name or "")  # type: ignore[union-attr]
+                arguments[delta.index] = arguments.get(delta.index, "") + (
+                    delta.function.arguments or ""  # type: ignore[union-attr]
+                )
+    assert reasons[-1] == "tool_calls"
+    assert names == {0: "get_weather"}
+    jsonschema.validate(json.loads(arguments[0]), WEATHER_PARAMETERS)
+
+
+def test_auto_answers_or_calls(client: openai.OpenAI, model: str) -> None:
+    reply = client.chat.completions.create(
+        model=model, messages=WEATHER_ASK, tools=[WEATHER_TOOL], max_tokens=60
+    )
+    choice = reply.choices[0]
+    if choice.finish_reason == "tool_calls":
+        for c in choice.message.tool_calls or []:
+            jsonschema.validate(json.loads(c.function.arguments), WEATHER_PARAMETERS)  # type: ignore[union-attr]
+    else:
+        assert choice.message.content and not choice.message.content.startswith("<")
+
+
+def test_langchain_bind_tools(node: Node, model: str) -> None:
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str, unit: Literal["C", "F"]) -> str:
+        """Current weather in a city."""
+        return "sunny"
+
+    chat = ChatOpenAI(
+        model=model, base_url=f"{node.url}/v1", api_key="none", max_tokens=100, max_retries=0
+    )
+    message = chat.bind_tools([get_weather], tool_choice="required").invoke(
+        "What is the weather in Paris?"
+    )
+    assert message.tool_calls, message  # type: ignore[attr-defined]
+    call = message.tool_calls[0]  # type: ignore[attr-defined]
+    assert call["name"] == "get_weather" and set(call["args"]) == {"city", "unit"}
+
+
+def test_bad_tool_requests_are_400s(client: openai.OpenAI, model: str) -> None:
+    for extra, param in (
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [WEATHER_TOOL],
+          "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": [WEATHER_TOOL], "response_format": {"type": "json_object"}},
+         "response_format"),
+    ):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model=model, messages=WEATHER_ASK, max_tokens=4, extra_body=extra
+            )
+        assert isinstance(caught.value.body, dict) and caught.value.body["param"] == param

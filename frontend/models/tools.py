@@ -1,0 +1,52 @@
+"""Tool-calling fields of ``POST /v1/chat/completions`` (OpenAI's shapes): the tools a request
+offers, its ``tool_choice``, and the tool calls an assistant message carries."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from tinyserve.frontend.models.common import IGNORED, Body, Text
+
+FunctionName = Annotated[Text, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class FunctionDef(Body):
+    name: FunctionName = Field(description="1-64 of A-Z, a-z, 0-9, _, . and -")
+    description: Text | None = Field(None, description="shown to the model")
+    parameters: dict[str, Any] | None = Field(
+        None, description="JSON schema of the arguments (enforced when a call is made)"
+    )
+    strict: bool | None = Field(None, description="always enforced")
+
+
+class Tool(Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionRef(Body):
+    name: FunctionName
+
+
+class NamedToolChoice(Body):
+    type: Literal["function"]
+    function: FunctionRef
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class CalledFunction(Body):
+    name: Text
+    arguments: Text = Field(description="the arguments as JSON text")
+
+
+class ToolCallIn(Body):
+    """A tool call of an earlier assistant turn, sent back with the conversation."""
+
+    id: Text
+    type: Literal["function"]
+    function: CalledFunction
+    index: Any = Field(None, description=IGNORED)
