@@ -45,6 +45,7 @@ lint: setup
 	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p tinyserve
 
 bench: setup
+	$(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/python bench/throughput.py $(ARGS)
 
 clean:

@@ -99,6 +99,16 @@ def write_csv(name: str, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
+def report(name: str, rows: list[dict[str, Any]]) -> Path:
+    """Print ``rows`` as a table (a header line, then one line per row) and write the CSV."""
+    print(" | ".join(rows[0]))
+    for row in rows:
+        print(" | ".join(str(v) for v in row.values()))
+    path = write_csv(name, rows)
+    print(f"wrote {path}")
+    return path
+
+
 def start_node(*flags: str, frontends: int = 1) -> Node:
     """A fresh node in a temp dir for this bench run, with the server's own default thread
     count (the test helper would otherwise pin llama.cpp to one thread)."""
@@ -117,3 +127,120 @@ def wait_idle(node: Node) -> None:
             time.sleep(0.05)
     finally:
         board.close()
+
+
+# Each of these is one token of the default model's vocabulary after a space.
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "he",
+    "this",
+    "are",
+    "or",
+    "his",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+    "an",
+    "they",
+    "you",
+    "were",
+    "her",
+    "she",
+    "there",
+    "had",
+    "one",
+    "all",
+    "we",
+    "their",
+]
+
+
+def prompt_of(tokens: int, salt: int) -> str:
+    """A prompt of about ``tokens`` tokens (exactly, for the default model, from 12 up),
+    distinct per ``salt`` from its start, so that no two share a cached prefix."""
+    head = f"Request {salt}:"  # about 8 tokens with the BOS the frontend adds
+    body = [_WORDS[(salt + i) % len(_WORDS)] for i in range(max(tokens - 8, 1))]
+    return " ".join([head, *body])
+
+
+def post_json(url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    """POST ``body`` as JSON without a session: (status, parsed reply), errors included."""
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=1800) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def get_json(url: str) -> Any:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def scrape(url: str) -> dict[str, float]:
+    """``GET /metrics`` as {series: value}; a series is the name with its labels as printed
+    (``tinyserve_kv_blocks_used``, ``tinyserve_requests_total{code="200",...}``)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            values[series] = float(value)
+    return values
+
+
+def metric_sum(metrics: dict[str, float], name: str) -> float:
+    """The sum of every series of ``name`` (all label sets); 0 when there is none."""
+    return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
+
+
+def save_plot(name: str, draw: Any, *, panels: int = 1, width: float = 6.0) -> Path:
+    """A PNG under bench/results: ``draw(axes)`` fills a row of ``panels`` axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, panels, figsize=(width * panels, 4), squeeze=False)
+    draw(list(axes[0]) if panels > 1 else axes[0][0])
+    fig.tight_layout()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def progress(message: str) -> None:
+    """One progress line, with the time since the script started."""
+    print(f"[{time.perf_counter() - _STARTED:7.1f}s] {message}", flush=True)
+
+
+_STARTED = time.perf_counter()
