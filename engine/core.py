@@ -30,7 +30,8 @@ from tinyserve.engine.drafts import TickDrafts
 from tinyserve.engine.policies import Policy, make_policy
 from tinyserve.engine.prefix_cache import NO_HIT, PrefixCache
 from tinyserve.engine.report import Batch, Cause, Finish, Grant, Load, Rejection, TickReport
-from tinyserve.engine.runtime import LlamaRuntime, Sampler
+from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.engine.sampler import Sampler
 from tinyserve.engine.sequence import Sequence, Status
 from tinyserve.engine.timeline import RecentTimelines, Timeline
 from tinyserve.errors import EngineFatalError, RequestError

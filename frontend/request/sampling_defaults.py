@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel
 
@@ -25,16 +26,19 @@ SOURCES: dict[str, tuple[str, float]] = {
 }
 
 
+Source = Literal["flag", "gguf", "built-in"]
+
+
 @dataclass(frozen=True)
 class SamplingDefaults:
     values: dict[str, float | int]
-    sources: dict[str, str]  # field -> "flag", "gguf" or "built-in"
+    sources: dict[str, Source]  # where each value came from
 
 
 def sampling_defaults(config: Config, metadata: Mapping[str, str]) -> SamplingDefaults:
     """The defaults this frontend serves, and where each came from."""
     values: dict[str, float | int] = {}
-    sources: dict[str, str] = {}
+    sources: dict[str, Source] = {}
     for name, (key, builtin) in SOURCES.items():
         kind = int if name == "top_k" else float
         flag = getattr(config, f"default_{name}")
@@ -61,5 +65,5 @@ def with_defaults(generation: Generation, req: BaseModel, defaults: SamplingDefa
     }
     if not left_out:
         return generation
-    sampling = dataclasses.replace(generation.sampling, **left_out)
+    sampling = dataclasses.replace(generation.sampling, **cast(dict[str, Any], left_out))
     return dataclasses.replace(generation, sampling=sampling)

@@ -255,7 +255,8 @@ def _stderr_captured() -> Iterator[Callable[[], str]]:
     for handler in handlers:
         handler.acquire()
     global _llama_said
-    _llama_said = chunks = []
+    chunks: list[str] = []
+    _llama_said = chunks
     saved = os.dup(2)
     try:
         with tempfile.TemporaryFile() as capture:

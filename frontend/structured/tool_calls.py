@@ -25,6 +25,7 @@ from typing import Any
 from tinyserve.frontend.http.api_errors import invalid
 from tinyserve.frontend.models.openai_reply_bodies import (
     AssistantMessage,
+    FinishReason,
     FunctionCall,
     ToolCall,
 )
@@ -118,7 +119,7 @@ def parse_calls(text: str) -> list[ToolCall]:
     return calls
 
 
-def reply_message(text: str, reason: str) -> tuple[AssistantMessage, str]:
+def reply_message(text: str, reason: FinishReason) -> tuple[AssistantMessage, FinishReason]:
     """The assistant message for ``text`` and its finish reason: tool calls (``tool_calls``)
     when it holds them, else the text as it is."""
     calls = parse_calls(text)
