@@ -121,6 +121,7 @@ def start_llama_server(args: argparse.Namespace, model_path: Path) -> Server:
         str(llama_server_binary()), "-m", str(model_path), "--host", "127.0.0.1",
         "--port", str(port), "-t", str(args.threads), "-tb", str(args.threads),
         "-c", str(args.ctx), "-np", str(args.slots), "-b", "512", "-ub", "512",
+        *args.llama_server_flag,
     ]  # fmt: skip
     env = {**os.environ, "LD_LIBRARY_PATH": str(Path(argv[0]).parent)}
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -458,6 +459,14 @@ def main() -> None:
         default=[],
         metavar="FLAG",
         help="an extra flag for tinyserve serve, repeatable (--tinyserve-flag=--no-prefix-cache)",
+    )
+    parser.add_argument(
+        "--llama-server-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="an extra flag for llama-server, repeatable (--llama-server-flag=-kvu: one KV "
+        "cache shared by all slots, as TinyServe's; by default each slot has ctx/slots cells)",
     )
     parser.add_argument("--model", type=Path, default=None)
     args = parser.parse_args()
