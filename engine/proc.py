@@ -343,13 +343,15 @@ class EngineProcess:
 def submit_fault(submit: Submit, n_vocab: int) -> str:
     """What makes a well-typed ``Submit`` unsafe to run, or "". Our frontends never send one
     (they validate first); anything else that reaches the socket must not crash the engine."""
-    if submit.max_tokens < 1:
-        return "max_tokens < 1"
+    if submit.max_tokens < 0:  # 0: the prompt's logprobs alone (echo)
+        return "max_tokens < 0"
     if not all(0 <= token < n_vocab for token in submit.prompt_ids):
         return "prompt token id outside the vocabulary"
     sampling = submit.sampling
     if not -1 <= sampling.logprobs <= MAX_LOGPROBS:
         return f"logprobs outside -1..{MAX_LOGPROBS}"
+    if not -1 <= submit.prompt_logprobs <= MAX_LOGPROBS:
+        return f"prompt_logprobs outside -1..{MAX_LOGPROBS}"
     if not (math.isfinite(sampling.temperature) and 0.0 < sampling.top_p <= 1.0):
         return "temperature or top_p out of range"
     return ""

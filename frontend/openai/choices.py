@@ -154,6 +154,13 @@ async def _until_all_or_a_failure(
             return
 
 
+def _headers(served: list[Result]) -> dict[str, str]:
+    """The first choice's id, as a single reply has it, and every choice's, in order: each
+    has its own timeline (``GET /v1/requests/{id}``)."""
+    ids = [r.record.request_id for r in served]
+    return {"X-Request-Id": ids[0], "X-Choice-Request-Ids": ",".join(ids)}
+
+
 def usage(results: list[Result], prompts: list[Prompt]) -> Usage:
     """Summed over the choices; each prompt's tokens once (its choices shared its prefill)."""
     prompt_tokens = sum(len(p.ids) for p in prompts)
@@ -195,7 +202,7 @@ async def completion_reply(
     first = served[0].record
     total = usage(served, prompts)
     body = Completion(**reply.envelope(first), choices=body_choices, usage=total)
-    return json_response(body, headers={"X-Request-Id": first.request_id})
+    return json_response(body, headers=_headers(served))
 
 
 async def _completion_logprobs(
@@ -238,4 +245,4 @@ async def chat_reply(
     first = served[0].record
     total = usage(served, [prompt])
     body = ChatCompletion(**reply.envelope(first), choices=body_choices, usage=total)
-    return json_response(body, headers={"X-Request-Id": first.request_id})
+    return json_response(body, headers=_headers(served))

@@ -132,7 +132,7 @@ def junk_frames(frontend_id: str) -> list[list[bytes]]:
         [submit([1, 2], "4")],
         [submit([1, 2], 4, "greedy")],
         [submit([10**9], 4)],  # outside the vocabulary
-        [submit([1, 2], 0)],
+        [submit([1, 2], -1)],
         [submit([1, 2], 4, [0.0, 1.0, 0, None, [], 0.0, 0.0, 10**6, False])],  # logprobs
         [protocol.encode(protocol.Cancel("unknown", frontend_id)), b"second frame"],
         [b"", b"", b""],
