@@ -126,6 +126,7 @@ class Sampler:
         self._cells = np.zeros(self._vocab.n_vocab, dtype=_CELL)
         self.grammar = {
             "hash": grammar_hash(params.grammar),
+            "full_passes": 0,
             "build_ms": round((time.perf_counter() - started) * 1e3, 3),
         }
 
@@ -163,6 +164,8 @@ class Sampler:
         logits = self._logits(ctx, row)
         token = self._pick(logits, None)
         if not self._allows(token):
+            assert self.grammar is not None
+            self.grammar["full_passes"] += 1
             permitted = self._permitted(logits)
             token = self._pick(logits, permitted)
             if not permitted[token]:

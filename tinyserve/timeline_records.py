@@ -67,10 +67,12 @@ class FinishWire(TypedDict):
 
 
 class GrammarWire(TypedDict):
-    """A constrained request's grammar: its hash, and how long llama.cpp took to build its
-    sampler at the slot grant."""
+    """A constrained request's grammar: its hash, how long llama.cpp took to build its
+    sampler at the slot grant, and the tokens for which the grammar refused the chain's pick
+    (each cost a pass of the grammar over the whole vocabulary)."""
 
     hash: str
+    full_passes: int
     build_ms: float
 
 
