@@ -342,3 +342,14 @@ def test_bad_tool_requests_are_400s(client: openai.OpenAI, model: str) -> None:
                 model=model, messages=WEATHER_ASK, max_tokens=4, extra_body=extra
             )
         assert isinstance(caught.value.body, dict) and caught.value.body["param"] == param
+
+
+def test_json_object_is_an_object(client: openai.OpenAI, model: str) -> None:
+    reply = client.chat.completions.create(
+        model=model, messages=ASK, max_tokens=150, response_format={"type": "json_object"}
+    )
+    choice = reply.choices[0]
+    text = choice.message.content or ""
+    assert text.startswith("{"), text
+    if choice.finish_reason == "stop":  # else cut by max_tokens, mid-object
+        assert isinstance(json.loads(text), dict)
