@@ -180,8 +180,9 @@ def prompt_of(tokens: int, salt: int) -> str:
     return " ".join([head, *body])
 
 
-def post_json(url: str, body: dict[str, Any]) -> tuple[int, Any]:
-    """POST ``body`` as JSON without a session: (status, parsed reply), errors included."""
+def post_json(url: str, body: dict[str, Any], headers_only: bool = False) -> tuple[int, Any]:
+    """POST ``body`` as JSON without a session: (status, parsed reply), errors included; with
+    ``headers_only`` a success returns once the headers are in (reply None) and hangs up."""
     import urllib.error
     import urllib.request
 
@@ -189,7 +190,7 @@ def post_json(url: str, body: dict[str, Any]) -> tuple[int, Any]:
     request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=1800) as resp:
-            return resp.status, json.loads(resp.read())
+            return resp.status, None if headers_only else json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}")
 
