@@ -306,7 +306,8 @@ class EngineCore:
         builder = self.runtime.batch
         budget = min(self.config.max_batch_tokens, builder.capacity) - builder.n_tokens
         n = min(seq.prefill_left, self.config.chunk, budget)
-        if n <= 0:
+        room = min(self.config.max_batch_tokens, builder.capacity) - self.config.slots
+        if n <= 0 or prompt_logprobs.defers(seq, n, self.config.chunk, room):
             return None
         last = seq.n_past + n == seq.prompt_len
         every = prompt_logprobs.wanted(seq)

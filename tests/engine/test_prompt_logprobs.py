@@ -95,3 +95,24 @@ def test_max_tokens_0_returns_the_prompt_logprobs_and_no_token(
     assert final.finish_reason == p.FINISH_LENGTH
     assert driver.tokens("z") == []
     assert len(prompt_entries(driver, "z")) == len(prompt) - 1
+
+
+def test_a_chunk_is_never_cut_short_by_other_requests_rows(
+    runtime: LlamaRuntime, tokenize: Callable[[str], list[int]]
+) -> None:
+    """Splitting a prompt moves its logits: a request that wants them waits for a tick with
+    room for its whole chunk, so its numbers do not depend on what else ran."""
+    busy = tokenize(PROMPT)  # about 20 tokens
+    prompt = tokenize("A second prompt, scored token by token, " * 2)
+    config = core_config(prefix_cache=False, chunk=32, max_batch_tokens=len(busy) + 8)
+    driver = Driver(EngineCore(config, runtime))
+    driver.submit(busy, 4)
+    submit(driver, "scored", prompt, 1, 0)
+    driver.run()
+    timeline = driver.final("scored").timeline
+    assert timeline is not None
+    assert [c["tokens"] for c in timeline["prefill"]] == [len(prompt)]  # whole, a tick later
+    alone = Driver(EngineCore(core_config(prefix_cache=False, chunk=32), runtime))
+    submit(alone, "alone", prompt, 1, 0)
+    alone.run()
+    assert prompt_entries(driver, "scored") == prompt_entries(alone, "alone")
