@@ -9,8 +9,8 @@ ten a second).
 Through a node (one engine, ``--frontends`` frontends, the server's default threads):
 ``--rounds`` rounds of each arm, alternating: C streaming clients run ``--requests`` requests
 of ``--max-tokens`` tokens; in the "viewers" arm ``--viewers`` SSE clients read
-``GET /v1/events`` for the whole round, as dashboards would. Prints each round's generated
-tok/s, both medians and their ratio.
+``GET /v1/events`` for the whole round and ``GET /metrics`` every 2 s, as dashboards do.
+Prints each round's generated tok/s, both medians and their ratio.
 
     .venv/bin/python bench/dashboard_cost.py [--rounds 3] [--viewers 2]
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -68,11 +69,16 @@ def in_process(n: int) -> dict[str, float]:
 
 
 async def view(url: str, stop: asyncio.Event, counts: list[int]) -> None:
-    """One dashboard: read the feed until ``stop``, counting updates."""
+    """One dashboard: read the feed until ``stop``, counting updates, and read /metrics every
+    2 s as the page does (for the rejections)."""
     async with aiohttp.ClientSession() as session, session.get(f"{url}/v1/events") as resp:
         assert resp.status == 200, await resp.text()
         reader = asyncio.ensure_future(_count(resp, counts))
-        await stop.wait()
+        while not stop.is_set():
+            async with session.get(f"{url}/metrics") as scrape:
+                await scrape.read()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 2.0)
         reader.cancel()
 
 
@@ -97,7 +103,8 @@ async def one_round(url: str, args: argparse.Namespace, viewers: int) -> tuple[f
             nonlocal left, tokens
             while left > 0:
                 left -= 1
-                tokens += (await stream_request(session, url, body)).tokens
+                result = await stream_request(session, url, body)
+                tokens += result.tokens  # after the await: += would read tokens before it
 
         started = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(args.concurrency)))

@@ -272,7 +272,7 @@ function draw() {
       "data-request-id": seg.id,
       x: x0,
       y: 4 + seg.slot * rowH + rowH * 0.15,
-      width: Math.max(x(seg.end) - x0, 1.5),
+      width: Math.max(x(seg.end) - x0 - 1, 1.5), // a gap shows where the next request starts
       height: rowH * 0.7,
       fill: tenantColour(seg.tenant),
     });
