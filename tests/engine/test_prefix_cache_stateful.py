@@ -108,6 +108,8 @@ def as_view(tokens: list[int], start: int = 0) -> dict[int, list[int]]:
 
 
 class FakeSampler:
+    grammar = None  # what a timeline shows of a grammar: these requests have none
+
     def __init__(self, runtime: FakeRuntime, params: p.SamplingParams) -> None:
         self.runtime = runtime
         self.params = params
