@@ -287,3 +287,18 @@ def test_unknown_policy_and_negative_aging_are_refused() -> None:
         make_policy("lottery")
     with pytest.raises(ValueError, match="aging"):
         make_policy("srpt", srpt_aging=-1)
+
+
+def test_the_new_policies_are_chosen_by_flag_or_environment() -> None:
+    from tinyserve.config import ENGINE, build_config
+    from tinyserve.engine.deadline import DeadlinePolicy
+
+    config = build_config({}, environ={"TINYSERVE_POLICY": "srpt", "TINYSERVE_SRPT_AGING": "0"})
+    policy = make_policy(config.policy, config.tenant_weight_map, config.srpt_aging)
+    assert isinstance(policy, SrptPolicy) and policy.aging == 0
+    config = build_config({"policy": "deadline"}, environ={}, role=ENGINE)
+    assert isinstance(make_policy(config.policy), DeadlinePolicy)
+    with pytest.raises(SystemExit):
+        build_config({}, environ={"TINYSERVE_SRPT_AGING": "-1"}, role=ENGINE)
+    with pytest.raises(SystemExit):
+        build_config({}, environ={"TINYSERVE_POLICY": "lottery"}, role=ENGINE)
