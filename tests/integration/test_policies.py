@@ -136,7 +136,7 @@ async def test_a_running_request_past_its_deadline_keeps_its_tokens(deadline_nod
             prompt=PROMPT,
             max_tokens=3000,
             ignore_eos=True,
-            deadline_ms=3000,
+            deadline_ms=5000,
         )
         async with s.get(f"{deadline_node.url}/v1/models") as resp:
             model = (await resp.json())["data"][0]["id"]
@@ -147,7 +147,7 @@ async def test_a_running_request_past_its_deadline_keeps_its_tokens(deadline_nod
                 "prompt": PROMPT,
                 "max_tokens": 3000,
                 "ignore_eos": True,
-                "deadline_ms": 2000,
+                "deadline_ms": 4000,
             },
         ) as resp:
             openai_status, completion = resp.status, await resp.json()
