@@ -157,8 +157,8 @@ class LlamaRuntime:
         start = llama_cpp.llama_get_logits_ith(self.ctx, first)
         end = llama_cpp.llama_get_logits_ith(self.ctx, first + n - 1)
         row_bytes = self.n_vocab * ctypes.sizeof(ctypes.c_float)
-        gap = ctypes.cast(end, ctypes.c_void_p).value - ctypes.cast(start, ctypes.c_void_p).value
-        if gap == (n - 1) * row_bytes:
+        gap = (_address(end) or 0) - (_address(start) or 0)
+        if start and gap == (n - 1) * row_bytes:
             return np.ctypeslib.as_array(start, shape=(n, self.n_vocab))
         return np.stack([self.logits(first + i) for i in range(n)])
 
@@ -203,3 +203,7 @@ class LlamaRuntime:
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self.ctx)
         llama_cpp.llama_model_free(self._model)
+
+
+def _address(pointer: Any) -> int | None:
+    return ctypes.cast(pointer, ctypes.c_void_p).value
