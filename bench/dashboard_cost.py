@@ -68,17 +68,18 @@ def in_process(n: int) -> dict[str, float]:
     }
 
 
-async def view(url: str, stop: asyncio.Event, counts: list[int]) -> None:
+async def view(url: str, stop: asyncio.Event, counts: list[int], scrape: bool) -> None:
     """One dashboard: read the feed until ``stop``, counting updates, and read /metrics every
     2 s as the page does (for the rejections)."""
     async with aiohttp.ClientSession() as session, session.get(f"{url}/v1/events") as resp:
         assert resp.status == 200, await resp.text()
         reader = asyncio.ensure_future(_count(resp, counts))
-        while not stop.is_set():
-            async with session.get(f"{url}/metrics") as scrape:
-                await scrape.read()
+        while scrape and not stop.is_set():
+            async with session.get(f"{url}/metrics") as metrics:
+                await metrics.read()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 2.0)
+        await stop.wait()
         reader.cancel()
 
 
@@ -92,7 +93,8 @@ async def one_round(url: str, args: argparse.Namespace, viewers: int) -> tuple[f
     """(generated tok/s, updates the viewers received) of one round."""
     stop = asyncio.Event()
     counts = [0]
-    watching = [asyncio.ensure_future(view(url, stop, counts)) for _ in range(viewers)]
+    scrape = not args.no_scrape
+    watching = [asyncio.ensure_future(view(url, stop, counts, scrape)) for _ in range(viewers)]
     await asyncio.sleep(0.5 if viewers else 0)  # the viewers are connected
     body = {"prompt": PROMPT, "max_tokens": args.max_tokens, "ignore_eos": True}
     left = args.requests
@@ -135,6 +137,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--frontends", type=int, default=1)
+    parser.add_argument("--no-scrape", action="store_true", help="viewers skip /metrics")
     parser.add_argument("--passes", type=int, default=100_000)
     args = parser.parse_args()
     costs = in_process(args.passes)
