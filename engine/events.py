@@ -32,7 +32,8 @@ MAX_EVENTS = 1000  # per update; more are counted in batch["events_dropped"], no
 class EventFeed:
     """Leases, the pending update, and when to send it. Single-threaded, like proc."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: str = "") -> None:
+        self.policy = policy  # the engine's --policy, for viewers
         self._leases: dict[str, int] = {}  # frontend id -> lease end (monotonic ns)
         self.until_ns = 0  # the latest lease end; 0: nobody watches
         self._seq = 0
@@ -129,6 +130,7 @@ class EventFeed:
             queue_state(waiting),
             kv,
             self._events,
+            self.policy,
         )
         self._sent_ns = now
         self._reset()

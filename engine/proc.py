@@ -120,7 +120,7 @@ class EngineProcess:
         self.inbox = self.zmq.socket(zmq.PULL)
         self.outbox = self.zmq.socket(zmq.PUB)
         self.frontends: dict[str, int] = {}  # frontend id -> pid, from Hello
-        self.feed = EventFeed()  # the dashboard's feed: idle unless a frontend leases it
+        self.feed = EventFeed(config.policy)  # the dashboard's: idle unless a frontend leases it
         self._stop_at_ns = 0
         self._next_reap_ns = 0
         self._next_watchdog_ns = 0

@@ -338,7 +338,8 @@ class FeedUpdate(Message):
     ``ticks``/``batch`` sum the decode calls since the previous update (``window_s``);
     ``events`` are what happened in them (``kind``: grant, finish, reject); ``slots`` is one
     entry per slot (None: free); ``queue`` counts waiting requests by tenant and priority;
-    ``kv`` is the block figures at ``at_ns`` (the engine's CLOCK_MONOTONIC).
+    ``kv`` is the block figures at ``at_ns`` (the engine's CLOCK_MONOTONIC); ``policy`` the
+    engine's scheduling policy.
     Plain dicts, not nested messages: frontends pass them to viewers as JSON unread.
     """
 
@@ -353,6 +354,7 @@ class FeedUpdate(Message):
     queue: list[dict[str, Any]]
     kv: dict[str, int]
     events: list[dict[str, Any]]
+    policy: str = ""  # the engine's --policy (frontends do not have it)
 
 
 _BY_TAG: dict[int, type[Message]] = {

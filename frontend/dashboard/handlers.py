@@ -23,7 +23,7 @@ from aiohttp import web
 
 from tinyserve.frontend.dashboard.hub import FEED_HUB, RENEW_S, Viewer, sse_frame
 from tinyserve.frontend.http.api_errors import ApiError
-from tinyserve.frontend.http.appkeys import CLIENT, CONFIG, LINK
+from tinyserve.frontend.http.appkeys import CLIENT, LINK
 from tinyserve.frontend.http.drain import DRAIN
 from tinyserve.frontend.request.reply_common import SSE_HEADERS, engine_unavailable
 
@@ -89,7 +89,6 @@ async def events(request: web.Request) -> web.StreamResponse:
         "block_size": ack.block_size,
         "n_ctx": ack.n_ctx,
         "max_queue": ack.max_queue,
-        "policy": app[CONFIG].policy,
         "interval_ms": 100,
     }
     hub = app[FEED_HUB]

@@ -126,6 +126,7 @@ def update_body(update: protocol.FeedUpdate) -> dict[str, Any]:
         "queue": update.queue,
         "kv": update.kv,
         "events": update.events,
+        "policy": update.policy,
     }
 
 

@@ -16,7 +16,6 @@ class FeedHello(BaseModel):
     block_size: int
     n_ctx: int
     max_queue: int
-    policy: str
     interval_ms: int = Field(description="the shortest time between two updates")
 
 
@@ -62,6 +61,7 @@ class FeedUpdateBody(BaseModel):
         "(reason, cause, slot, prompt_tokens, cached_tokens, generated, wait_ms, ttft_ms, "
         "itl_ms) or reject (reason, stage); each with its tick"
     )
+    policy: str = Field(description="the engine's scheduling policy (--policy)")
 
 
 class FeedEnd(BaseModel):

@@ -77,7 +77,7 @@ def test_ticks_are_folded_into_one_update_per_interval() -> None:
 
 
 def test_an_update_carries_slots_queue_and_blocks_and_survives_the_wire() -> None:
-    feed = EventFeed()
+    feed = EventFeed("priority")
     feed.lease("f" * 32, 5.0, now=0)
     running = seq("r1", Status.PREFILL, tenant="t1", prompt=40)
     running.slot, running.n_past = 1, 16
@@ -95,6 +95,7 @@ def test_an_update_carries_slots_queue_and_blocks_and_survives_the_wire() -> Non
         {"tenant": "t1", "priority": 0, "count": 1},
     ]
     assert update.kv == {"total": 64, "used": 10, "cached": 4, "free": 50}
+    assert update.policy == "priority"
     assert decode(encode(update)) == update
     assert isinstance(decode(encode(update)), FeedUpdate)
 

@@ -29,7 +29,7 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    flags = ("--slots", str(SLOTS), "--ctx", "1024", "--max-queue", "16")
+    flags = ("--slots", str(SLOTS), "--ctx", "1024", "--max-queue", "16", "--policy", "fifo")
     running = Node(tmp_path_factory.mktemp("feed"), *flags, frontends=2).start()
     yield running
     assert running.stop() == 0
@@ -92,6 +92,7 @@ async def test_the_feed_shows_the_requests_we_send(node: Node) -> None:
     in_slots = {s["request_id"] for u in updates for s in u["slots"] if s}
     assert ids <= in_slots  # every request was seen holding a slot
     assert all(len(u["slots"]) == SLOTS for u in updates)
+    assert {u["policy"] for u in updates} == {"fifo"}  # the engine's, not a frontend default
     # Two slots, four requests: two waited. A wait of several update intervals shows in the
     # queue of some update (a fast machine may serve the first two within one interval).
     if max(g["wait_ms"] for g in grants.values()) > 400:

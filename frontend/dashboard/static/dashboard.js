@@ -20,6 +20,7 @@ const state = {
   recent: [], // finish events, newest first
   rate: [], // [engine ms, generated tokens] of recent updates
   selected: null,
+  policy: null, // the engine's, from its updates
   controller: null,
 };
 
@@ -98,13 +99,18 @@ function dispatch(block) {
 
 function onHello(hello) {
   state.hello = hello;
+  state.policy = null;
   $("node").textContent =
     `${hello.model} · ${hello.slots} slots · ${hello.blocks_total} KV blocks of ` +
-    `${hello.block_size} tokens · policy ${hello.policy}`;
+    `${hello.block_size} tokens`;
   $("window-s").textContent = String(WINDOW_MS / 1000);
 }
 
 function onUpdate(u) {
+  if (u.policy && state.policy !== u.policy) {
+    state.policy = u.policy;
+    $("node").textContent += ` · policy ${u.policy}`;
+  }
   const start = state.lastAt === null ? u.at_ms - u.window_s * 1000 : state.lastAt;
   state.lastAt = u.at_ms;
   for (const e of u.events) onEvent(e);
