@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Self
+from typing import Annotated, Any, Self
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from tinyserve.frontend.models.chat import ChatMessage
 from tinyserve.frontend.models.common import (
@@ -15,14 +15,35 @@ from tinyserve.frontend.models.common import (
     Text,
     cross_field,
     expect,
+    schema_rule,
 )
 
 TokenId = Annotated[int, Field(ge=0), INTEGRAL]
 
 
+# Exactly one of prompt and messages (not null); add_special_tokens with a text prompt only.
+_ONE_INPUT: dict[str, Any] = {
+    "anyOf": [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+    ],
+    "not": {
+        "required": ["prompt", "messages"],
+        "properties": {"prompt": {"type": "string"}, "messages": {"type": "array"}},
+    },
+    "allOf": [
+        schema_rule(
+            "messages", {"type": "array"}, {"add_special_tokens": {"type": "null"}}, required=False
+        )
+    ],
+}
+
+
 class TokenizeRequest(Request):
     """Either ``prompt`` (text) or ``messages`` (rendered with the model's chat template, as
     ``/v1/chat/completions`` does), not both."""
+
+    model_config = ConfigDict(json_schema_extra=_ONE_INPUT)
 
     model: Text | None = Field(None, description="when given, the id GET /v1/models lists")
     prompt: Annotated[Text, expect("a string")] | None = Field(None, description="text")

@@ -13,7 +13,7 @@ import dataclasses
 
 from aiohttp import web
 
-from tinyserve.frontend.http.api_errors import INVALID_REQUEST, MODEL_NOT_FOUND, ApiError
+from tinyserve.frontend.http.api_errors import MODEL_NOT_FOUND, ApiError
 from tinyserve.frontend.http.appkeys import CHAT_TEMPLATE, CONFIG, LINK, TOKENIZER
 from tinyserve.frontend.models.chat import ChatCompletionRequest
 from tinyserve.frontend.models.common import json_response
@@ -79,7 +79,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     reply = _reply(request, req, CHAT, generation.sampling.logprobs)
     reply.tool_calls = req.calls_tools
     if req.n > 1:
-        _check_no_stream(req)
         plan = choices.plan(generation, 1, req.n)
         prompt = choices.Prompt(prompt_ids, chat.text)
         return await choices.chat_reply(request, reply, plan, prompt)
@@ -131,7 +130,6 @@ async def _complete(
             generation = dataclasses.replace(generation, prompt=prompt)
             return await pipeline.run(request, generation, reply)
         return await pipeline.run(request, generation, reply, prompt)
-    _check_no_stream(req)
     prompts = [await _prompt(request, p) for p in req.prompt]
     plan = choices.plan(generation, len(prompts), req.n)
     return await choices.completion_reply(request, reply, plan, prompts, req.echo)
@@ -142,9 +140,3 @@ async def _prompt(request: web.Request, prompt: str | list[int]) -> choices.Prom
     if isinstance(prompt, str):
         return choices.Prompt(await tokenizer.tokenize(prompt), prompt)
     return choices.Prompt(prompt, await tokenizer.detokenize(prompt))
-
-
-def _check_no_stream(req: OpenAIRequest) -> None:
-    if req.stream:
-        message = "'stream' is not supported with n > 1, several prompts or echo"
-        raise ApiError(400, INVALID_REQUEST, message, param="stream")

@@ -98,12 +98,16 @@ async def test_echo_then_the_generated_tokens(served: Client, engine: FakeEngine
 
 
 async def test_several_choices_do_not_stream(served: Client, engine: FakeEngine) -> None:
-    for extra in ({"n": 2}, {"prompt": ["a", "b"]}, {"echo": True}):
+    for extra, param in (({"n": 2}, "n"), ({"prompt": ["a", "b"]}, "prompt"),
+                         ({"echo": True}, "echo")):  # fmt: skip
         response = await served.post(
             "/v1/completions", json={**COMPLETION, "stream": True, **extra}
         )
         assert response.status == 400
-        assert (await response.json())["error"]["param"] == "stream"
+        assert (await response.json())["error"]["param"] == param
+    chat = {"model": "fake", "messages": [{"role": "user", "content": "Hi"}], "n": 2}
+    response = await served.post("/v1/chat/completions", json={**chat, "stream": True})
+    assert (await response.json())["error"]["param"] == "n"
     assert engine.submits == []
 
 
