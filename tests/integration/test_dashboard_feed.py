@@ -141,6 +141,30 @@ async def test_the_engine_publishes_the_feed_only_while_someone_watches(node: No
         ctx.term()
 
 
+async def test_a_lease_nobody_renews_ends_by_itself(node: Node) -> None:
+    # A frontend that crashed sends no FeedLease(0): its lease must run out on its own.
+    ctx = zmq.asyncio.Context()
+    sub = ctx.socket(zmq.SUB)
+    push = ctx.socket(zmq.PUSH)
+    for sock in (sub, push):
+        sock.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, protocol.FEED_TOPIC)
+    sub.connect(f"ipc://{node.runtime_dir}/engine.out")
+    push.connect(f"ipc://{node.runtime_dir}/engine.in")
+    try:
+        await asyncio.sleep(0.5)  # the subscription reaches the engine before the feed starts
+        await feed_frames(sub, 0.5)  # whatever another test's viewer left in flight
+        await push.send(protocol.encode(protocol.FeedLease("c" * 32, 1.0)))
+        assert await feed_frames(sub, 1.0) > 0  # an idle engine still sends one a second
+        await asyncio.sleep(1.0)  # the lease (1 s) has run out; nobody renewed it
+        await feed_frames(sub, 0.3)
+        assert await feed_frames(sub, 2.5) == 0
+    finally:
+        sub.close()
+        push.close()
+        ctx.term()
+
+
 @pytest.mark.skipif(find_nginx() is None, reason="nginx not installed (make test installs it)")
 async def test_the_feed_passes_through_nginx(node: Node, tmp_path: Any) -> None:
     nginx = Nginx(tmp_path / "nginx", f"127.0.0.1:{node.port}").start()
