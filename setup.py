@@ -24,6 +24,7 @@ setup(
         "tinyserve.engine",
         "tinyserve.frontend",
         "tinyserve.frontend.dashboard",
+        "tinyserve.frontend.dashboard.static",  # data only: listed so setuptools ships it
         "tinyserve.frontend.http",
         "tinyserve.frontend.link",
         "tinyserve.frontend.models",
@@ -43,7 +44,7 @@ setup(
     package_data={
         "tinyserve_native": ["*.pxd", "*.pyi", "*.h", "py.typed"],
         # the dashboard's page: served from the installed package, never from a CDN
-        "tinyserve.frontend.dashboard": ["static/*"],
+        "tinyserve.frontend.dashboard.static": ["*.html", "*.js", "*.css"],
     },
     ext_modules=cythonize(
         extensions,

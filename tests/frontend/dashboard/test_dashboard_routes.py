@@ -133,7 +133,7 @@ def test_the_page_names_no_other_origin() -> None:
 
 def test_the_pages_files_are_package_data() -> None:
     setup = (Path(__file__).parents[3] / "setup.py").read_text()
-    assert '"tinyserve.frontend.dashboard": ["static/*"]' in setup
+    assert '"tinyserve.frontend.dashboard.static": ["*.html", "*.js", "*.css"]' in setup
     for name in [handlers.PAGE, *handlers.ASSETS]:
         assert handlers.static_file(name)
 
