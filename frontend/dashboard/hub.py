@@ -27,8 +27,11 @@ from tinyserve.frontend.link.engine_client import EngineClient, EngineUnreachabl
 
 log = logging.getLogger(__name__)
 
-LEASE_S = 3.0  # the engine produces this long after the last renewal
-RENEW_S = 1.0  # renewed this often while viewers stay: two renewals may go missing
+LEASE_S = 5.0  # the engine produces this long after the last renewal
+# Renewed when a viewer's handler wakes (a frame, or RENEW_S without one) and RENEW_S has
+# passed: at most 2 s apart, so a frontend or engine stalled for 3 s still keeps its lease
+# (a lapse drops the events of the ticks until the next renewal).
+RENEW_S = 1.0
 QUEUE_UPDATES = 50  # per viewer: five seconds of updates at the engine's 10 a second
 
 

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from tinyserve import protocol
-from tinyserve.frontend.dashboard.hub import FeedHub, Viewer, sse_frame
+from tinyserve.frontend.dashboard.hub import LEASE_S, FeedHub, Viewer, sse_frame
 
 
 class Client:
@@ -41,7 +41,7 @@ async def test_the_first_viewer_turns_the_feed_on_and_the_last_off() -> None:
     a = hub.join(client)  # type: ignore[arg-type]
     b = hub.join(client)  # type: ignore[arg-type]
     assert client.on_feed == hub.publish
-    assert [m.seconds for m in client.sent] == [3.0]  # one lease; b's renewal is not due yet
+    assert [m.seconds for m in client.sent] == [LEASE_S]  # one; b's renewal is not due yet
     hub.leave(a)
     assert client.on_feed is not None
     hub.leave(b)
