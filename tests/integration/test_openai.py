@@ -136,12 +136,29 @@ def test_logprobs_shapes(client: openai.OpenAI, model: str) -> None:
 
 def test_invalid_requests_raise_bad_request(client: openai.OpenAI, model: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=model, messages=QUESTION, n=2)
+        client.chat.completions.create(model=model, messages=QUESTION, n=17)
     assert isinstance(info.value.body, dict) and info.value.body["param"] == "n"
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=model, prompt="x", extra_body={"frobnicate": 1})
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4o", prompt="x")
+
+
+def test_several_prompts_n_and_echo_parse_in_the_client(client: openai.OpenAI, model: str) -> None:
+    reply = client.completions.create(
+        model=model, prompt=["One, two,", "Red, green,"], n=2, max_tokens=3, seed=5,
+        echo=True, logprobs=1,
+    )  # fmt: skip
+    reply.model_dump()
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+    assert all(c.text.startswith("One, two,") for c in reply.choices[:2])
+    assert all(c.text.startswith("Red, green,") for c in reply.choices[2:])
+    for choice in reply.choices:
+        assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+        assert choice.logprobs.token_logprobs[0] is None
+    chat = client.chat.completions.create(model=model, messages=QUESTION, n=2, max_tokens=4)
+    chat.model_dump()
+    assert [c.index for c in chat.choices] == [0, 1]
 
 
 async def test_async_chat_stream_with_usage(node: Node, model: str) -> None:
