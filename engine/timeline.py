@@ -100,6 +100,9 @@ class Timeline:
 
     def first_token(self, now: int) -> None:
         self.first_token_ns = now
+        # A choice that copied another's prefill has no chunk ending here: its decode ticks
+        # are still measured from its first token.
+        self._last_ns = now
 
     def end(self, reason: str, detail: str, tick: int, now: int, generated: int) -> None:
         self.finish = Finish(reason, detail, tick, now, generated)

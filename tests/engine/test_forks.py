@@ -111,3 +111,19 @@ def test_a_choice_granted_while_the_first_decodes_copies_all_but_the_last_token(
     assert timeline is not None
     assert timeline["shared_prefill"] == {"request_id": ids[0], "tokens": len(prompt) - 1}
     assert [c["tokens"] for c in timeline["prefill"]] == [1]
+
+
+def test_a_forked_choices_decode_time_starts_at_its_first_token(
+    runtime: LlamaRuntime, tokenize: Callable[[str], list[int]]
+) -> None:
+    """first_token + the decode runs = finish (up to the finishing step itself), for a choice
+    that waited for another's prefill as for any: the wait is its slot-to-first-token gap."""
+    driver = Driver(EngineCore(core_config(prefix_cache=False), runtime))
+    ids = submit_choices(driver, tokenize(PROMPT * 3), 2, 6, temperature=0.0, ignore_eos=True)
+    driver.run()
+    timelines = [driver.final(rid).timeline for rid in ids]
+    assert timelines[0] is not None and timelines[1] is not None
+    leader_prefill_ms = sum(c["ms"] for c in timelines[0]["prefill"])
+    for timeline in timelines:
+        end_of_decode = timeline["first_token_ms"] + timeline["decode"]["ms"]
+        assert 0 <= timeline["finish"]["ms"] - end_of_decode < leader_prefill_ms
