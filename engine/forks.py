@@ -1,7 +1,7 @@
 """Choices of one prompt that share its prefill (``n`` > 1, ``Submit.fork_of``).
 
 The frontend submits the first choice (the leader) and then the others (followers) naming it.
-A follower that the engine accepts while its leader is still waiting or prefilling takes a
+A follower that the engine accepts while its leader is in flight takes a
 reference to the leader's full prompt blocks (so admission charges them once) and, once it
 holds a slot, waits for the leader's prefill instead of doing its own. When the leader's last
 prompt chunk is decoded, ``fork`` copies the prompt's KV to each waiting follower
@@ -24,12 +24,12 @@ from tinyserve_native.kv_blocks import BlockAccountant
 
 
 def leader_of(seq: Sequence, by_id: Mapping[str, Sequence]) -> Sequence | None:
-    """The sequence ``seq`` may fork from: named by it, same prompt, not yet decoding."""
+    """The sequence ``seq`` may fork from: named by it, same prompt, itself no follower."""
     name = seq.request.fork_of
     leader = by_id.get(name) if name else None
     if leader is None or leader.request.prompt_ids != seq.request.prompt_ids:
         return None
-    if leader.status not in (Status.WAITING, Status.PREFILL) or leader.leader is not None:
+    if leader.status is Status.NEW or leader.leader is not None:
         return None
     return leader
 

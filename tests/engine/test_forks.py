@@ -127,3 +127,22 @@ def test_a_forked_choices_decode_time_starts_at_its_first_token(
     for timeline in timelines:
         end_of_decode = timeline["first_token_ms"] + timeline["decode"]["ms"]
         assert 0 <= timeline["finish"]["ms"] - end_of_decode < leader_prefill_ms
+
+
+def test_a_choice_that_arrives_while_the_first_decodes_still_copies_its_prompt(
+    runtime: LlamaRuntime, tokenize: Callable[[str], list[int]]
+) -> None:
+    prompt = tokenize(PROMPT)
+    driver = Driver(EngineCore(core_config(prefix_cache=False), runtime))
+    [first] = submit_choices(driver, prompt, 1, 8, temperature=0.0)
+    driver.step()  # its prompt is in: it decodes
+    late = p.Submit(
+        "late", FRONTEND, prompt, p.SamplingParams(), 4,
+        arrival_ns=time.monotonic_ns(), fork_of=first,
+    )  # fmt: skip
+    driver.core.submit(late)
+    driver.run()
+    assert driver.tokens("late") == driver.tokens(first)[:4]
+    timeline = driver.final("late").timeline
+    assert timeline is not None
+    assert timeline["shared_prefill"] == {"request_id": first, "tokens": len(prompt) - 1}
