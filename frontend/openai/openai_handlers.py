@@ -23,7 +23,7 @@ from tinyserve.frontend.models.parse import json_body, parse_body
 from tinyserve.frontend.openai import choices
 from tinyserve.frontend.openai.openai_reply import CHAT, COMPLETIONS, OpenAIReply, Surface
 from tinyserve.frontend.request import pipeline
-from tinyserve.frontend.request.generation import Generation
+from tinyserve.frontend.request.generation import Generation, check_token_ids
 from tinyserve.frontend.request.reply_common import engine_unavailable
 from tinyserve.frontend.request.sampling_defaults import (
     SamplingDefaults,
@@ -139,4 +139,5 @@ async def _prompt(request: web.Request, prompt: str | list[int]) -> choices.Prom
     tokenizer = request.app[TOKENIZER]
     if isinstance(prompt, str):
         return choices.Prompt(await tokenizer.tokenize(prompt), prompt)
+    check_token_ids(prompt, tokenizer.n_vocab)
     return choices.Prompt(prompt, await tokenizer.detokenize(prompt))

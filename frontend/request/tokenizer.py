@@ -180,10 +180,21 @@ class Tokenizer:
         return _grammar_error(said())
 
     def _text(self, token_ids: list[int]) -> bytes:
+        self._check_ids(token_ids)
         return bytes(self._llama.detokenize(token_ids, special=True))
 
     def _pieces(self, token_ids: list[int]) -> list[bytes]:
+        self._check_ids(token_ids)
         return [self._llama.detokenize([token], special=True) for token in token_ids]
+
+    def _check_ids(self, token_ids: list[int]) -> None:
+        """llama.cpp aborts the whole process on an id outside the vocabulary (an uncaught
+        C++ exception): callers check ids for a 400 first, and this keeps a missed check to
+        a failed request."""
+        n_vocab = self.n_vocab
+        bad = next((t for t in token_ids if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is not in the vocabulary (size {n_vocab})")
 
 
 def _load_vocab(path: Path) -> llama_cpp.Llama:

@@ -129,3 +129,16 @@ async def test_one_failing_choice_fails_the_call_and_cancels_the_others(
         return any(c.request_id == first for c in engine.cancels)
 
     await until(cancelled)
+
+
+async def test_a_prompt_list_naming_ids_outside_the_vocabulary_is_a_400(
+    served: Client, engine: FakeEngine
+) -> None:
+    # The bad list is the first of two: before the check it was detokenized for the reply,
+    # and llama.cpp aborted the frontend.
+    body = {**COMPLETION, "prompt": [[213, 1048577], [100]], "max_tokens": 2}
+    resp = await served.post("/v1/completions", json=body)
+    assert resp.status == 400
+    error = (await resp.json())["error"]
+    assert error["param"] == "prompt" and "1048577 is not in the vocabulary" in error["message"]
+    assert engine.submits == []

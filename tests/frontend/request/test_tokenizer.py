@@ -85,3 +85,16 @@ async def test_a_template_bos_is_not_doubled(tokenizer: Tokenizer) -> None:
         adding = Tokenizer(_BosAddingVocab(), executor, facts)  # type: ignore[arg-type]
         assert await adding.tokenize("<s> hi") == [1, 7]
         assert await adding.tokenize("hi") == [1, 7]
+
+
+async def test_ids_outside_the_vocabulary_are_refused_not_passed_to_llama_cpp(
+    tokenizer: Tokenizer,
+) -> None:
+    # llama.cpp aborts the process (an uncaught C++ std::out_of_range) on such an id: were it
+    # passed through, this test's own process would die.
+    for bad in ([tokenizer.n_vocab], [5, 1048577], [-1]):
+        with pytest.raises(ValueError, match="not in the vocabulary"):
+            await tokenizer.detokenize(bad)
+        with pytest.raises(ValueError, match="not in the vocabulary"):
+            await tokenizer.token_pieces(bad)
+    assert await tokenizer.detokenize([tokenizer.n_vocab - 1])  # the last id is fine
