@@ -63,9 +63,14 @@ Content = Annotated[
 ]
 # Message fields of features we lack, accepted while empty (clients echo them back as null).
 EmptyOnly = Annotated[Any, OnlyDefault(("", [], {}))]
-_CONTENT_RULE: JsonDict = {
-    "if": {"properties": {"role": {"const": "assistant"}}},
-    "else": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+_MESSAGE_RULES: JsonDict = {
+    "allOf": [
+        {  # content, unless an assistant's
+            "if": {"properties": {"role": {"const": "assistant"}}},
+            "else": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+        },
+        schema_rule("role", {"const": "tool"}, {"tool_call_id": {"not": {"type": "null"}}}),
+    ]
 }
 
 
@@ -74,7 +79,7 @@ class ChatMessage(Body):
     only called tools). ``developer`` is taken as ``system``; several text parts are joined
     by newlines."""
 
-    model_config = ConfigDict(json_schema_extra=_CONTENT_RULE)
+    model_config = ConfigDict(json_schema_extra=_MESSAGE_RULES)
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Content | None = None

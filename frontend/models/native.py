@@ -82,9 +82,11 @@ class RequestTimeline(BaseModel):
     first_token_ms: float | None = None
     decode: dict[str, Any] | None = None
     finish: dict[str, Any] | None = None
-    grammar: dict[str, Any] | None = None
-    shared_prefill: dict[str, Any] | None = None
-    prefix_recomputed_tokens: int | None = None
+    # Only in some timelines (a constrained request, a fork, prompt logprobs): left out when
+    # absent, as in the final event's copy.
+    grammar: dict[str, Any] | None = Field(None, exclude_if=is_none)
+    shared_prefill: dict[str, Any] | None = Field(None, exclude_if=is_none)
+    prefix_recomputed_tokens: int | None = Field(None, exclude_if=is_none)
 
 
 NativeFinishReason = Literal[

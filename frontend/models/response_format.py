@@ -9,7 +9,9 @@ from pydantic import Discriminator, Field, Tag
 
 from tinyserve.frontend.models.common import IGNORED, RULE, Body, Text
 
-SchemaName = Annotated[Text, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+# A plain str: pydantic leaves a pattern given after a validator (Text's) out of the document.
+# The pattern admits ASCII only, so Text's check for lone surrogates has nothing to add.
+SchemaName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 
 class JsonSchemaSpec(Body):

@@ -9,7 +9,8 @@ from pydantic import Field
 
 from tinyserve.frontend.models.common import IGNORED, Body, Text
 
-FunctionName = Annotated[Text, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+# str, not Text: pydantic leaves a pattern placed after a validator out of the document.
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
 
 class FunctionDef(Body):
