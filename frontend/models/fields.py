@@ -61,7 +61,8 @@ LogitBias = Annotated[
         Annotated[str, Field(pattern=r"^[0-9]{1,9}$")],
         Annotated[float, Field(ge=-100, le=100)],
     ],
-    Field(max_length=MAX_LOGIT_BIAS),
+    # pydantic states the key pattern as patternProperties, which leave other keys free.
+    Field(max_length=MAX_LOGIT_BIAS, json_schema_extra={"additionalProperties": False}),
     expect(
         f"an object of at most {MAX_LOGIT_BIAS} token ids (as strings) to numbers "
         "between -100 and 100"

@@ -177,6 +177,7 @@ _COMPLETION_RULES = {
             {"echo": {"enum": [False, None]}, "prompt": _ONE_STREAMED_PROMPT},
             required=False,
         ),
+        schema_rule("max_tokens", {"const": 0}, {"echo": {"const": True}}),  # the prompt alone
     ]
 }
 

@@ -60,6 +60,7 @@ CROSS_FIELD = (
     "'max_tokens' and 'max_completion_tokens' differ",
     "needs a final message from",
     "' cannot be combined with '",
+    "prompts x n is",  # a bound on a product of two fields
 )
 CONFORMANCE = [
     st_checks.status_code_conformance,
