@@ -43,6 +43,7 @@ from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.record import RequestRecord, new_request_id
 from tinyserve.frontend.request.reply_common import Output, collect
 from tinyserve.frontend.request.streams import RequestStream
+from tinyserve.frontend.structured import tool_calls
 
 
 @dataclass(frozen=True)
@@ -234,13 +235,13 @@ async def chat_reply(
     for choice, result in zip(choices, served, strict=True):
         output = result.output
         tokens = await reply.logprobs_of(output.token_ids, output.logprobs)
+        message = AssistantMessage(content=output.text)
+        reason = FINISH_REASONS.get(output.finish.reason, "stop")
+        if reply.tool_calls:  # each choice's text parsed as the single reply's would be
+            message, reason = tool_calls.reply_message(output.text, reason)
+        logprobs = None if tokens is None else chat_logprobs(tokens)
         body_choices.append(
-            ChatChoice(
-                index=choice.index,
-                message=AssistantMessage(content=output.text),
-                logprobs=None if tokens is None else chat_logprobs(tokens),
-                finish_reason=FINISH_REASONS.get(output.finish.reason, "stop"),
-            )
+            ChatChoice(index=choice.index, message=message, logprobs=logprobs, finish_reason=reason)
         )
     first = served[0].record
     total = usage(served, [prompt])

@@ -142,3 +142,25 @@ async def test_a_prompt_list_naming_ids_outside_the_vocabulary_is_a_400(
     error = (await resp.json())["error"]
     assert error["param"] == "prompt" and "1048577 is not in the vocabulary" in error["message"]
     assert engine.submits == []
+
+
+async def test_chat_n_with_tools_parses_each_choices_calls(
+    served: Client, engine: FakeEngine
+) -> None:
+    call = b'<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+    def script(submit: protocol.Submit) -> list[Tick]:
+        text = b"It is sunny." if submit.fork_of else call
+        finish = {"finish_reason": protocol.FINISH_STOP, "prompt_tokens": len(submit.prompt_ids)}
+        return [[accepted()], [{"token_ids": [1], "text": text, **finish}]]
+
+    engine.script = script
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    body = {"model": "fake", "messages": [{"role": "user", "content": "Weather?"}], "n": 2,
+            "tools": [tool]}  # fmt: skip
+    response = await served.post("/v1/chat/completions", json=body)
+    assert response.status == 200, await response.text()
+    first, second = (await response.json())["choices"]
+    assert first["finish_reason"] == "tool_calls"
+    assert first["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert (second["finish_reason"], second["message"]["content"]) == ("stop", "It is sunny.")
