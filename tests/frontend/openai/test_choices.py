@@ -164,3 +164,13 @@ async def test_chat_n_with_tools_parses_each_choices_calls(
     assert first["finish_reason"] == "tool_calls"
     assert first["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
     assert (second["finish_reason"], second["message"]["content"]) == ("stop", "It is sunny.")
+
+
+async def test_echo_without_logprobs_asks_the_engine_for_none(
+    served: Client, engine: FakeEngine
+) -> None:
+    engine.script = echo_script
+    body = {**COMPLETION, "prompt": "Hello there", "echo": True, "max_tokens": 1}
+    [choice] = (await (await served.post("/v1/completions", json=body)).json())["choices"]
+    assert (choice["text"], choice["logprobs"]) == ("Hello therex", None)
+    assert engine.submits[0].prompt_logprobs == -1  # no logits for the prompt's rows
