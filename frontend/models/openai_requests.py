@@ -58,13 +58,7 @@ class StreamOptions(Body):
 
 
 # As OpenAI does: stream_options only with a stream.
-STREAM_RULE = {
-    "allOf": [
-        schema_rule("stream_options", {"type": "object"}, {"stream": {"const": True}}),
-        # Several choices come back in one JSON reply only.
-        schema_rule("stream", {"const": True}, {"n": {"enum": [1, None]}}, required=False),
-    ]
-}
+STREAM_RULE = schema_rule("stream_options", {"type": "object"}, {"stream": {"const": True}})
 
 
 class OpenAIRequest(Sampling):
@@ -97,8 +91,6 @@ class OpenAIRequest(Sampling):
         if self.stream_options is not None and not self.stream:
             message = "'stream_options' is only allowed with 'stream': true"
             raise cross_field("stream_options", message)
-        if self.stream and self.n > 1:
-            raise cross_field("n", "'n' > 1 does not stream: several choices are one JSON reply")
         return self
 
     @property
@@ -160,23 +152,11 @@ OutputLengthOr0 = Annotated[
 ]
 
 
-# Several prompts, and echo, come back in one JSON reply only.
-_ONE_STREAMED_PROMPT = {
-    "anyOf": [
-        {"type": "string"},
-        {"type": "array", "items": {"type": "integer"}},
-        {"type": "array", "maxItems": 1},
-    ]
-}
+# echo comes back in one JSON reply only.
 _COMPLETION_RULES = {
     "allOf": [
         STREAM_RULE,
-        schema_rule(
-            "stream",
-            {"const": True},
-            {"echo": {"enum": [False, None]}, "prompt": _ONE_STREAMED_PROMPT},
-            required=False,
-        ),
+        schema_rule("stream", {"const": True}, {"echo": {"enum": [False, None]}}, required=False),
         schema_rule("max_tokens", {"const": 0}, {"echo": {"const": True}}),  # the prompt alone
     ]
 }
@@ -211,8 +191,6 @@ class CompletionRequest(OpenAIRequest):
         if len(self.prompt) * self.n > MAX_CHOICES:
             message = f"prompts x n is {len(self.prompt) * self.n}, more than {MAX_CHOICES}"
             raise cross_field("n", message)
-        if self.stream and len(self.prompt) > 1:
-            raise cross_field("prompt", "several prompts do not stream: they are one JSON reply")
         if self.stream and self.echo:
             raise cross_field("echo", "'echo' does not stream: the reply is one JSON object")
         return self

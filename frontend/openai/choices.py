@@ -9,13 +9,19 @@ its prefill: the first is submitted first and the others name it (``fork_of``), 
 copies its KV (``engine/forks.py``); with a seed, choice ``index`` samples with
 ``seed + index``. The first failure (a rejection, an error) is the reply, and the other
 choices are cancelled.
+
+With ``stream`` (not with ``echo``), the choices' pieces go out as they come, each chunk one
+choice's delta at its ``index`` (``openai_reply.Events`` per choice), once every choice was
+accepted (so a rejection is still an HTTP error); the usage chunk, when asked, sums them all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -37,12 +43,26 @@ from tinyserve.frontend.openai.openai_logprobs import (
     echo_logprobs,
     token_logprobs,
 )
-from tinyserve.frontend.openai.openai_reply import FINISH_REASONS, OpenAIReply, openai_finish_error
+from tinyserve.frontend.openai.openai_reply import (
+    DONE,
+    FINISH_REASONS,
+    Events,
+    OpenAIReply,
+    internal_error,
+    openai_finish_error,
+)
 from tinyserve.frontend.request import pipeline
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.record import RequestRecord, new_request_id
-from tinyserve.frontend.request.reply_common import Output, collect
-from tinyserve.frontend.request.streams import RequestStream
+from tinyserve.frontend.request.reply_common import (
+    LoadNow,
+    Output,
+    Reply,
+    collect,
+    sse_event,
+    write_sse,
+)
+from tinyserve.frontend.request.streams import Finish, Piece, RequestStream
 from tinyserve.frontend.structured import tool_calls
 
 
@@ -94,6 +114,25 @@ def plan(generation: Generation, n_prompts: int, n: int) -> list[Choice]:
     return choices
 
 
+class _Forward:
+    """A ``Reply`` that passes a choice's pieces on to the call's one stream as they come."""
+
+    def __init__(self, index: int, pieces: asyncio.Queue[tuple[int, Piece]]) -> None:
+        self.index = index
+        self.pieces = pieces
+        self.record: RequestRecord | None = None
+        self.accepted = asyncio.Event()
+
+    async def __call__(
+        self, request: web.Request, stream: RequestStream, record: RequestRecord
+    ) -> web.StreamResponse:
+        self.record = record
+        self.accepted.set()
+        async for piece in stream.pieces():
+            self.pieces.put_nowait((self.index, piece))
+        return web.Response()  # for the record's status: the call's stream is written once
+
+
 class _Collect:
     """A ``Reply`` that keeps a choice's whole output instead of answering; a finish that is
     an error is answered as the single-choice reply would, and kept."""
@@ -120,16 +159,7 @@ async def serve(
 ) -> list[Result] | web.Response:
     """Run every choice at once; their results in order, or the first failure's reply."""
     collectors = [_Collect() for _ in choices]
-    # NOTE: tasks start in order and each submits before its first await, so a prompt's
-    # first choice reaches the engine before the choices that copy its prefill.
-    tasks = [
-        asyncio.create_task(
-            pipeline.run(
-                request, c.generation, collect_, prompts[c.prompt].ids, request_id=c.request_id
-            )
-        )
-        for c, collect_ in zip(choices, collectors, strict=True)
-    ]
+    tasks = _start(request, choices, prompts, collectors)
     try:
         await _until_all_or_a_failure(tasks, collectors)
     finally:
@@ -142,6 +172,116 @@ async def serve(
         if collector.error is not None:
             return collector.error
     return [c.result for c in collectors if c.result is not None]
+
+
+def _start(
+    request: web.Request, choices: list[Choice], prompts: list[Prompt], replies: list[Reply]
+) -> list[asyncio.Task[web.StreamResponse]]:
+    # NOTE: tasks start in order and each submits before its first await, so a prompt's
+    # first choice reaches the engine before the choices that copy its prefill.
+    return [
+        asyncio.create_task(
+            pipeline.run(
+                request, c.generation, reply, prompts[c.prompt].ids, request_id=c.request_id
+            )
+        )
+        for c, reply in zip(choices, replies, strict=True)
+    ]
+
+
+async def stream_reply(
+    request: web.Request, reply: OpenAIReply, choices: list[Choice], prompts: list[Prompt]
+) -> web.StreamResponse:
+    """The choices as one event stream, once every one of them was accepted."""
+    pieces: asyncio.Queue[tuple[int, Piece]] = asyncio.Queue()
+    forwards = [_Forward(c.index, pieces) for c in choices]
+    tasks = _start(request, choices, prompts, list(forwards))
+    try:
+        await _until_accepted(tasks, forwards)
+        records = [f.record for f in forwards if f.record is not None]
+        load = request.app[LINK].load
+        events = _ChoiceEvents(reply, records, pieces, load, sum(len(p.ids) for p in prompts))
+        return await write_sse(request, records[0].request_id, events)
+    finally:
+        for task in tasks:
+            task.cancel()  # ended, failed or the client left: none outlives the call
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _until_accepted(
+    tasks: list[asyncio.Task[web.StreamResponse]], forwards: list[_Forward]
+) -> None:
+    """Until every choice's stream started; a choice that failed before raises its error."""
+    accepted = asyncio.ensure_future(asyncio.gather(*(f.accepted.wait() for f in forwards)))
+    pending: set[asyncio.Future[Any]] = {accepted, *tasks}
+    try:
+        while not accepted.done():
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {accepted}:
+                error = task.exception()
+                if error is not None:
+                    raise error
+    finally:
+        accepted.cancel()
+
+
+class _ChoiceEvents:
+    """The events of a stream of several choices: every choice's chunks as its pieces come,
+    then the summed usage (when asked) and ``[DONE]``; an error ends the whole stream."""
+
+    def __init__(
+        self,
+        reply: OpenAIReply,
+        records: list[RequestRecord],
+        pieces: asyncio.Queue[tuple[int, Piece]],
+        load: LoadNow,
+        prompt_tokens: int,
+    ) -> None:
+        self._reply = reply
+        self._records = records
+        self._pieces = pieces
+        self._prompt_tokens = prompt_tokens
+        self._choices = [
+            Events(reply, None, record, load, index=i, own_usage=False)
+            for i, record in enumerate(records)
+        ]
+        self._finishes: list[Finish] = []
+        self._done = False
+
+    async def events(self) -> AsyncGenerator[bytes, None]:
+        if self._reply.surface.chat:
+            for choice in self._choices:
+                yield choice.opening()
+        while len(self._finishes) < len(self._choices):
+            index, piece = await self._pieces.get()
+            choice = self._choices[index]
+            for event in await choice.take(piece):
+                yield event
+            if choice.failed:
+                break
+            if piece.finish is not None:
+                self._finishes.append(piece.finish)
+        else:
+            if self._reply.include_usage:
+                yield self._reply.usage_chunk(self._records[0], self._usage())
+        yield DONE
+        self._done = True
+
+    def failure_events(self) -> list[bytes]:
+        ended = all(c.ended for c in self._choices) or any(c.failed for c in self._choices)
+        ending = [] if ended else [sse_event(internal_error().openai_body())]
+        return ending + ([] if self._done else [DONE])
+
+    def _usage(self) -> Usage:
+        completion_tokens = sum(c.tokens for c in self._choices)
+        return Usage(
+            prompt_tokens=self._prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=self._prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(
+                cached_tokens=sum(f.cached_tokens for f in self._finishes)
+            ),
+        )
 
 
 async def _until_all_or_a_failure(

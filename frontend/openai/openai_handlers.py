@@ -81,6 +81,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if req.n > 1:
         plan = choices.plan(generation, 1, req.n)
         prompt = choices.Prompt(prompt_ids, chat.text)
+        if req.stream:
+            return await choices.stream_reply(request, reply, plan, [prompt])
         return await choices.chat_reply(request, reply, plan, prompt)
     return await pipeline.run(request, generation, reply, prompt_ids)
 
@@ -123,7 +125,7 @@ async def _complete(
     request: web.Request, req: CompletionRequest, generation: Generation, reply: OpenAIReply
 ) -> web.StreamResponse:
     """One prompt, one choice, no echo: the single-request path (JSON or SSE); else the
-    choices, in one JSON reply (``choices``)."""
+    choices (``choices``), in one JSON reply or one stream."""
     if len(req.prompt) == 1 and req.n == 1 and not req.echo:
         [prompt] = req.prompt
         if isinstance(prompt, str):
@@ -132,6 +134,8 @@ async def _complete(
         return await pipeline.run(request, generation, reply, prompt)
     prompts = [await _prompt(request, p) for p in req.prompt]
     plan = choices.plan(generation, len(prompts), req.n)
+    if req.stream:  # echo does not stream (the request's rule)
+        return await choices.stream_reply(request, reply, plan, prompts)
     return await choices.completion_reply(request, reply, plan, prompts, req.echo)
 
 

@@ -114,7 +114,7 @@ class OpenAIReply:
     ) -> web.StreamResponse:
         load = request.app[LINK].load
         if record.generation.stream:
-            return await write_sse(request, record.request_id, _Events(self, stream, record, load))
+            return await write_sse(request, record.request_id, Events(self, stream, record, load))
         return await self._json(stream, record, load)
 
     async def _json(
@@ -167,18 +167,22 @@ class OpenAIReply:
         text_offset: int = 0,
         first: bool = False,
         calls: list[ToolCallDelta] | None = None,
+        index: int = 0,
     ) -> bytes:
-        """One chunk of a stream: new text (none: the finish chunk), its logprobs."""
+        """One chunk of a stream: new text (none: the finish chunk), its logprobs; ``index``
+        is the choice's when a reply has several."""
         body: Chunk
         if self.surface.chat:
             delta = ChatDelta(role="assistant" if first else None, content=text, tool_calls=calls)
             logprobs = None if tokens is None else chat_logprobs(tokens)
-            choice = ChatChunkChoice(delta=delta, logprobs=logprobs, finish_reason=reason)
+            choice = ChatChunkChoice(
+                index=index, delta=delta, logprobs=logprobs, finish_reason=reason
+            )
             body = ChatCompletionChunk(**self.envelope(record), choices=[choice])
         else:
             text_logprobs = None if tokens is None else completion_logprobs(tokens, text_offset)
             one = CompletionChunkChoice(
-                text=text or "", logprobs=text_logprobs, finish_reason=reason
+                index=index, text=text or "", logprobs=text_logprobs, finish_reason=reason
             )
             body = CompletionChunk(**self.envelope(record), choices=[one])
         return self.chunk_event(body)
@@ -204,40 +208,62 @@ def usage(record: RequestRecord, finish: Finish, completion_tokens: int) -> Usag
     )
 
 
-class _Events:
-    """The chunks of one streamed reply."""
+class Events:
+    """The chunks of one streamed reply; also one choice's part of a stream of several
+    (``choices.py``: ``index``, and ``own_usage`` False as the usage is the call's)."""
 
     def __init__(
-        self, reply: OpenAIReply, stream: RequestStream, record: RequestRecord, load: LoadNow
+        self,
+        reply: OpenAIReply,
+        stream: RequestStream | None,
+        record: RequestRecord,
+        load: LoadNow,
+        *,
+        index: int = 0,
+        own_usage: bool = True,
     ) -> None:
         self._reply = reply
         self._stream = stream
         self._record = record
         self._load = load
-        self._tokens = 0
+        self._index = index
+        self._own_usage = own_usage
+        self.tokens = 0
         self._chars = 0  # text sent so far: where the next token's text_offset starts
-        self._ended = False  # the finish chunk or an error event went out
+        self.ended = False  # the finish chunk or an error event went out
+        self.failed = False  # it was an error event
         self._done = False
         self._held = tool_calls.HeldText() if reply.tool_calls else None
 
     async def events(self) -> AsyncGenerator[bytes, None]:
+        assert self._stream is not None
         if self._reply.surface.chat:
-            yield self._reply.chunk(self._record, "", None, None, first=True)
+            yield self.opening()
         async for piece in self._stream.pieces():
-            self._tokens += piece.tokens
-            delta = await self._delta(piece)
-            if delta is not None:
-                yield delta
-            if piece.finish is not None:
-                for event in self._end(piece.finish):
-                    yield event
-                self._ended = True
+            for event in await self.take(piece):
+                yield event
         yield DONE
         self._done = True
 
     def failure_events(self) -> list[bytes]:
-        ending = [] if self._ended else [_error_event(_internal_error())]
+        ending = [] if self.ended else [_error_event(internal_error())]
         return ending + ([] if self._done else [DONE])
+
+    def opening(self) -> bytes:
+        """A chat stream's first chunk: the assistant's role."""
+        return self._reply.chunk(self._record, "", None, None, first=True, index=self._index)
+
+    async def take(self, piece: Piece) -> list[bytes]:
+        """The events of one piece: its delta, and its end when it carries the finish."""
+        self.tokens += piece.tokens
+        events = []
+        delta = await self._delta(piece)
+        if delta is not None:
+            events.append(delta)
+        if piece.finish is not None:
+            events += self._end(piece.finish)
+            self.ended = True
+        return events
 
     async def _delta(self, piece: Piece) -> bytes | None:
         tokens = None
@@ -248,24 +274,28 @@ class _Events:
             return None
         offset = self._chars
         self._chars += len(text)
-        return self._reply.chunk(self._record, text, tokens, None, text_offset=offset)
+        return self._reply.chunk(
+            self._record, text, tokens, None, text_offset=offset, index=self._index
+        )
 
     def _end(self, finish: Finish) -> list[bytes]:
         error = openai_finish_error(finish, self._load())
         if error is not None:
+            self.failed = True
             return [_error_event(error)]
         reason = FINISH_REASONS.get(finish.reason, "stop")
         events = []
+        record, index = self._record, self._index
         if self._held is not None and self._held.text:  # a tool call, or text that began like one
             message, reason = tool_calls.reply_message(self._held.text, reason)
             calls = [ToolCallDelta(index=i, **call.model_dump()) for i, call in
                      enumerate(message.tool_calls or [])] or None  # fmt: skip
-            events.append(self._reply.chunk(self._record, message.content, None, None, calls=calls))
-        events.append(self._reply.chunk(self._record, None, None, reason))
-        if self._reply.include_usage:
             events.append(
-                self._reply.usage_chunk(self._record, usage(self._record, finish, self._tokens))
+                self._reply.chunk(record, message.content, None, None, calls=calls, index=index)
             )
+        events.append(self._reply.chunk(record, None, None, reason, index=index))
+        if self._reply.include_usage and self._own_usage:
+            events.append(self._reply.usage_chunk(record, usage(record, finish, self.tokens)))
         return events
 
 
@@ -274,5 +304,5 @@ def _error_event(error: ApiError) -> bytes:
     return sse_event(error.openai_body())
 
 
-def _internal_error() -> ApiError:
+def internal_error() -> ApiError:
     return ApiError(500, INTERNAL_ERROR, "internal server error")

@@ -159,6 +159,15 @@ def test_several_prompts_n_and_echo_parse_in_the_client(client: openai.OpenAI, m
     chat = client.chat.completions.create(model=model, messages=QUESTION, n=2, max_tokens=4)
     chat.model_dump()
     assert [c.index for c in chat.choices] == [0, 1]
+    stream = client.completions.create(
+        model=model, prompt=["One, two,", "Red, green,"], n=2, max_tokens=3, stream=True
+    )
+    texts = ["", "", "", ""]
+    for chunk in stream:
+        chunk.model_dump()
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert all(texts)
 
 
 async def test_async_chat_stream_with_usage(node: Node, model: str) -> None:

@@ -3,6 +3,7 @@ stand-in engine: what is submitted, and how the choices come back."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from aiohttp.test_utils import TestClient
@@ -97,18 +98,67 @@ async def test_echo_then_the_generated_tokens(served: Client, engine: FakeEngine
     assert logprobs[-2:] == [-1.0, -1.0]
 
 
-async def test_several_choices_do_not_stream(served: Client, engine: FakeEngine) -> None:
-    for extra, param in (({"n": 2}, "n"), ({"prompt": ["a", "b"]}, "prompt"),
-                         ({"echo": True}, "echo")):  # fmt: skip
-        response = await served.post(
-            "/v1/completions", json={**COMPLETION, "stream": True, **extra}
-        )
-        assert response.status == 400
-        assert (await response.json())["error"]["param"] == param
-    chat = {"model": "fake", "messages": [{"role": "user", "content": "Hi"}], "n": 2}
-    response = await served.post("/v1/chat/completions", json={**chat, "stream": True})
-    assert (await response.json())["error"]["param"] == "n"
+async def sse(response: Any) -> list[Any]:
+    """The payloads of an SSE body: JSON objects, then "[DONE]"."""
+    assert response.status == 200, await response.text()
+    events = (await response.read()).decode().split("\n\n")[:-1]
+    payloads = [e.removeprefix("data: ") for e in events]
+    return [json.loads(p) for p in payloads[:-1]] + [payloads[-1]]
+
+
+async def test_several_choices_stream_each_at_its_index(served: Client, engine: FakeEngine) -> None:
+    engine.script = echo_script
+    body = {**COMPLETION, "prompt": ["a", "b"], "n": 2, "max_tokens": 2, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    payloads = await sse(await served.post("/v1/completions", json=body))
+    assert payloads[-1] == "[DONE]"
+    usage = payloads[-2]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 8
+    chunks = [c for p in payloads[:-2] for c in p["choices"]]
+    for index in range(4):
+        mine = [c for c in chunks if c["index"] == index]
+        assert "".join(c["text"] for c in mine) == "xx"
+        assert [c["finish_reason"] for c in mine if c["finish_reason"]] == ["length"]
+    assert len(engine.submits) == 4
+
+
+async def test_chat_n_streams(served: Client, engine: FakeEngine) -> None:
+    body = {"model": "fake", "messages": [{"role": "user", "content": "Hi"}], "n": 2,
+            "stream": True}  # fmt: skip
+    payloads = await sse(await served.post("/v1/chat/completions", json=body))
+    deltas = [c for p in payloads[:-1] for c in p["choices"]]
+    for index in (0, 1):
+        mine = [c for c in deltas if c["index"] == index]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(c["delta"].get("content", "") for c in mine) == "Hello"
+
+
+async def test_echo_does_not_stream(served: Client, engine: FakeEngine) -> None:
+    body = {**COMPLETION, "stream": True, "echo": True}
+    response = await served.post("/v1/completions", json=body)
+    assert response.status == 400
+    assert (await response.json())["error"]["param"] == "echo"
     assert engine.submits == []
+
+
+async def test_a_stream_of_choices_ends_with_an_error_event_when_one_fails(
+    served: Client, engine: FakeEngine
+) -> None:
+    def script(submit: protocol.Submit) -> list[Tick]:
+        if submit.fork_of:
+            return [[accepted()], [{"finish_reason": protocol.FINISH_ERROR, "detail": "boom"}]]
+        return [[accepted()]] + [[{"token_ids": [1], "text": b"a"}]] * 200  # never ends
+
+    engine.script = script
+    body = {**COMPLETION, "n": 2, "stream": True}
+    payloads = await sse(await served.post("/v1/completions", json=body))
+    assert payloads[-1] == "[DONE]" and "boom" in payloads[-2]["error"]["message"]
+    first = engine.submits[0].request_id
+
+    async def cancelled() -> bool:
+        return any(c.request_id == first for c in engine.cancels)
+
+    await until(cancelled)
 
 
 async def test_one_failing_choice_fails_the_call_and_cancels_the_others(
