@@ -15,6 +15,7 @@ import re
 from typing import Annotated, Any, Self
 
 from pydantic import BeforeValidator, ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
 
 from tinyserve.config import Config
 from tinyserve.frontend.models.common import (
@@ -153,7 +154,7 @@ OutputLengthOr0 = Annotated[
 
 
 # echo comes back in one JSON reply only.
-_COMPLETION_RULES = {
+_COMPLETION_RULES: JsonDict = {
     "allOf": [
         STREAM_RULE,
         schema_rule("stream", {"const": True}, {"echo": {"enum": [False, None]}}, required=False),

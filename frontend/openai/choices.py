@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,7 +175,7 @@ async def serve(
 
 
 def _start(
-    request: web.Request, choices: list[Choice], prompts: list[Prompt], replies: list[Reply]
+    request: web.Request, choices: list[Choice], prompts: list[Prompt], replies: Sequence[Reply]
 ) -> list[asyncio.Task[web.StreamResponse]]:
     # NOTE: tasks start in order and each submits before its first await, so a prompt's
     # first choice reaches the engine before the choices that copy its prefill.
@@ -195,7 +195,7 @@ async def stream_reply(
     """The choices as one event stream, once every one of them was accepted."""
     pieces: asyncio.Queue[tuple[int, Piece]] = asyncio.Queue()
     forwards = [_Forward(c.index, pieces) for c in choices]
-    tasks = _start(request, choices, prompts, list(forwards))
+    tasks = _start(request, choices, prompts, forwards)
     try:
         await _until_accepted(tasks, forwards)
         records = [f.record for f in forwards if f.record is not None]
