@@ -170,6 +170,14 @@ class EngineCore:
         self.drafts.finish(request, FINISH_REJECTED, reason, timeline=self._record(timeline))
         self.drafts.rejected(Rejection(reason, timeline))
 
+    def refuse(self, request: Submit, fault: str) -> None:
+        """A request the engine will not run as sent (``proc.submit_fault``: our frontends
+        check first, so a bug or a foreign sender): it ends at once with an error finish
+        naming the fault, so whoever waits for it is answered instead of timing out."""
+        timeline = Timeline(request, self.policy.name)
+        timeline.end(FINISH_ERROR, fault, self.tick, self.clock(), 0)
+        self.drafts.finish(request, FINISH_ERROR, fault, timeline=self._record(timeline))
+
     def _make_room(self, n_blocks: int) -> bool:
         if self.cache:
             with self._cache_call() as cache:

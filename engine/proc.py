@@ -251,7 +251,8 @@ class EngineProcess:
         if isinstance(message, Submit):
             fault = submit_fault(message, self.runtime.n_vocab)
             if fault:
-                self._dropped.warning("dropped malformed submit", error=fault)
+                self._dropped.warning("refused malformed submit", error=fault)
+                self.core.refuse(message, fault)
             else:
                 self.core.submit(message)
         elif isinstance(message, Cancel):

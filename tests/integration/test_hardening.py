@@ -165,6 +165,35 @@ async def test_junk_on_the_engine_socket_is_dropped_and_it_keeps_serving(node: N
     assert 1 <= len(dropped) <= 10, dropped
 
 
+def test_a_malformed_submit_is_answered_with_an_error_finish(node: Node) -> None:
+    """The engine does not run it, and whoever sent it gets its final update (not silence
+    until a timeout): a finish of reason error that names the fault."""
+    frontend_id = os.urandom(16).hex()
+    ctx = zmq.Context()
+    sub, push = ctx.socket(zmq.SUB), ctx.socket(zmq.PUSH)
+    try:
+        sub.setsockopt(zmq.SUBSCRIBE, protocol.topic(frontend_id))
+        sub.connect(f"ipc://{node.runtime_dir}/engine.out")
+        push.setsockopt(zmq.LINGER, 1000)
+        push.connect(f"ipc://{node.runtime_dir}/engine.in")
+        time.sleep(0.5)  # the subscription reaches the engine before the answer is sent
+        sampling = protocol.SamplingParams(temperature=0.0)
+        bad = protocol.Submit("malformed-1", frontend_id, [10**9], sampling, max_tokens=4)
+        push.send(protocol.encode(bad))
+        assert sub.poll(30_000), "no answer to a malformed submit"
+        _, frame = sub.recv_multipart()
+        out = protocol.decode(frame)
+    finally:
+        sub.close()
+        push.close()
+        ctx.term()
+    assert isinstance(out, protocol.TickOutput)
+    [update] = out.updates
+    assert update.request_id == "malformed-1"
+    assert update.finish_reason == protocol.FINISH_ERROR
+    assert "outside the vocabulary" in update.detail
+
+
 # -- slow and stalled readers -----------------------------------------------------------------
 
 
