@@ -9,7 +9,8 @@ ten a second).
 Through a node (one engine, ``--frontends`` frontends, the server's default threads):
 ``--rounds`` rounds of each arm, alternating: C streaming clients run ``--requests`` requests
 of ``--max-tokens`` tokens; in the "viewers" arm ``--viewers`` SSE clients read
-``GET /v1/events`` for the whole round and ``GET /metrics`` every 2 s, as dashboards do.
+``GET /v1/events`` for the whole round and ``GET /metrics`` every ``--scrape-s`` (10 s, as
+the page does).
 Prints each round's generated tok/s, both medians and their ratio.
 
     .venv/bin/python bench/dashboard_cost.py [--rounds 3] [--viewers 2]
@@ -68,17 +69,17 @@ def in_process(n: int) -> dict[str, float]:
     }
 
 
-async def view(url: str, stop: asyncio.Event, counts: list[int], scrape: bool) -> None:
+async def view(url: str, stop: asyncio.Event, counts: list[int], scrape_s: float) -> None:
     """One dashboard: read the feed until ``stop``, counting updates, and read /metrics every
-    2 s as the page does (for the rejections)."""
+    ``scrape_s`` as the page does (for the rejections; 0: never)."""
     async with aiohttp.ClientSession() as session, session.get(f"{url}/v1/events") as resp:
         assert resp.status == 200, await resp.text()
         reader = asyncio.ensure_future(_count(resp, counts))
-        while scrape and not stop.is_set():
+        while scrape_s and not stop.is_set():
             async with session.get(f"{url}/metrics") as metrics:
                 await metrics.read()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 2.0)
+                await asyncio.wait_for(stop.wait(), scrape_s)
         await stop.wait()
         reader.cancel()
 
@@ -93,8 +94,9 @@ async def one_round(url: str, args: argparse.Namespace, viewers: int) -> tuple[f
     """(generated tok/s, updates the viewers received) of one round."""
     stop = asyncio.Event()
     counts = [0]
-    scrape = not args.no_scrape
-    watching = [asyncio.ensure_future(view(url, stop, counts, scrape)) for _ in range(viewers)]
+    watching = [
+        asyncio.ensure_future(view(url, stop, counts, args.scrape_s)) for _ in range(viewers)
+    ]
     await asyncio.sleep(0.5 if viewers else 0)  # the viewers are connected
     body = {"prompt": PROMPT, "max_tokens": args.max_tokens, "ignore_eos": True}
     left = args.requests
@@ -137,7 +139,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--frontends", type=int, default=1)
-    parser.add_argument("--no-scrape", action="store_true", help="viewers skip /metrics")
+    parser.add_argument(
+        "--scrape-s", type=float, default=10.0, help="viewers read /metrics this often (0: never)"
+    )
     parser.add_argument("--passes", type=int, default=100_000)
     args = parser.parse_args()
     costs = in_process(args.passes)
