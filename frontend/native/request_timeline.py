@@ -19,7 +19,9 @@ from tinyserve.frontend.models.native import RequestTimeline
 from tinyserve.frontend.openai.openai_reply import CHAT, COMPLETIONS
 from tinyserve.frontend.request.reply_common import engine_unavailable
 
-QUERY_TIMEOUT_S = 1.0
+# The engine answers between ticks, and a loaded engine's tick can pass a second (a full
+# prefill chunk on a busy machine): 1 s gave the dashboard's clicks 503s under load.
+QUERY_TIMEOUT_S = 3.0
 NOT_FOUND = "not_found"
 
 

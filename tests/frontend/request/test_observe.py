@@ -11,6 +11,7 @@ from aiohttp.test_utils import TestClient
 
 from tests.frontend.harness import MAX_QUEUE, FakeEngine, Tick, accepted
 from tinyserve import protocol
+from tinyserve.frontend.native import request_timeline
 from tinyserve.logs import JsonFormatter
 
 Client = TestClient[Any, Any]
@@ -92,8 +93,11 @@ async def test_admission_figures_travel_in_the_submit(served: Client, engine: Fa
     assert admission["blocks_needed"] >= 1 and admission["ms"] >= 0
 
 
-async def test_timeline_query_the_engine_does_not_answer_is_503(served: Client) -> None:
+async def test_timeline_query_the_engine_does_not_answer_is_503(
+    served: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The stand-in engine ignores TimelineQuery: the frontend must not wait forever.
+    monkeypatch.setattr(request_timeline, "QUERY_TIMEOUT_S", 0.2)
     response = await served.get("/v1/requests/abc")
     assert response.status == 503
     error = (await response.json())["error"]
