@@ -3,6 +3,7 @@ checks that need its prompt tokenized (the bodies' own rules live in ``models``)
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tinyserve.frontend.http.api_errors import invalid, too_long
@@ -37,10 +38,9 @@ def check_prompt_fits(prompt_tokens: int, max_tokens: int, n_ctx: int) -> None:
         )
 
 
-def check_token_ids(prompt_ids: list[int], n_vocab: int) -> None:
-    """A prompt given as token ids must name tokens of the served model."""
-    bad = next((t for t in prompt_ids if t >= n_vocab), None)
+def check_token_ids(token_ids: Iterable[int], n_vocab: int, field: str = "prompt") -> None:
+    """Token ids a request gives (a prompt, ``logit_bias`` keys, ``/detokenize``'s tokens)
+    must name tokens of the served model: a 400 naming ``field`` and the first that does not."""
+    bad = next((t for t in token_ids if t >= n_vocab), None)
     if bad is not None:
-        raise invalid(
-            f"'prompt' token id {bad} is not in the vocabulary (size {n_vocab})", "prompt"
-        )
+        raise invalid(f"'{field}' token id {bad} is not in the vocabulary (size {n_vocab})", field)

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from tinyserve.frontend.http.api_errors import ApiError, invalid
 from tinyserve.frontend.http.appkeys import LINK, METRICS, TOKENIZER
-from tinyserve.frontend.request.generation import Generation
+from tinyserve.frontend.request.generation import Generation, check_token_ids
 from tinyserve.frontend.request.reply_common import engine_unavailable
 from tinyserve.frontend.structured.json_schema import (
     ANY_JSON_OBJECT,
@@ -91,10 +91,7 @@ async def _check(request: web.Request, generation: Generation, field: str) -> No
         ack = request.app[LINK].ack
         if ack is None:
             raise engine_unavailable()
-        bad = next((t for t in sampling.logit_bias if t >= ack.n_vocab), None)
-        if bad is not None:
-            message = f"'logit_bias' token id {bad} is not in the vocabulary (size {ack.n_vocab})"
-            raise invalid(message, "logit_bias")
+        check_token_ids(sampling.logit_bias, ack.n_vocab, "logit_bias")
     if not sampling.grammar:
         return
     if sampling.ignore_eos or sampling.min_tokens:

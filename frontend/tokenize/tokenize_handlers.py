@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from aiohttp import web
 
-from tinyserve.frontend.http.api_errors import MODEL_NOT_FOUND, ApiError, invalid
+from tinyserve.frontend.http.api_errors import MODEL_NOT_FOUND, ApiError
 from tinyserve.frontend.http.appkeys import CHAT_TEMPLATE, CONFIG, LINK, TOKENIZER
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.parse import json_body, parse_body
@@ -20,6 +20,7 @@ from tinyserve.frontend.models.tokenize import (
     TokenizeRequest,
     TokenizerInfo,
 )
+from tinyserve.frontend.request.generation import check_token_ids
 from tinyserve.model import model_name
 
 TOKENIZER_CLASS = "llama.cpp"  # the GGUF's own vocabulary, through llama.cpp
@@ -53,10 +54,7 @@ async def detokenize(request: web.Request) -> web.Response:
     """The text of token ids (special tokens spelled out)."""
     req = await _parsed(request, DetokenizeRequest)
     tokenizer = request.app[TOKENIZER]
-    bad = next((t for t in req.tokens if t >= tokenizer.n_vocab), None)
-    if bad is not None:
-        message = f"'tokens' id {bad} is not in the vocabulary (size {tokenizer.n_vocab})"
-        raise invalid(message, "tokens")
+    check_token_ids(req.tokens, tokenizer.n_vocab, "tokens")
     return json_response(DetokenizeReply(prompt=await tokenizer.detokenize(req.tokens)))
 
 
