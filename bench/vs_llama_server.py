@@ -16,8 +16,8 @@ Figures as ``vllm bench serve`` defines them: request and output-token throughpu
 TPOT (time per output token after the first); ITL (gaps between streamed chunks); end-to-end
 latency; p50/p90/p99 of each; goodput (requests per second that met every ``--slo-*``). Ratios
 are TinyServe / llama-server per round, printed as the median and the range over rounds.
-Writes ``bench/results/vs_llama_server.csv`` (one row per server, load point and round) and,
-when matplotlib is installed, ``vs_llama_server.png``.
+Writes ``bench/results/vs_llama_server.csv`` (one row per server, load point and round) and
+``vs_llama_server.png`` (matplotlib, from the ``bench`` extra that ``make bench`` installs).
 
     .venv/bin/python bench/vs_llama_server.py                       # everything, ~25 min
     .venv/bin/python bench/vs_llama_server.py --workloads closed --concurrency 8 --rounds 4
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from common import RESULTS, ROOT, percentile, start_node, write_csv
+from common import ROOT, percentile, save_plot, start_node, write_csv
 
 BUILD = ROOT / "build" / "llama-server"
 TOPICS = [
@@ -362,40 +362,34 @@ def report(point: str, rounds: list[dict[str, dict[str, float]]]) -> None:
     print(f"{'ratio':>14}" + "".join(f"{r:>18}" for r in ratios), flush=True)
 
 
-def plot(rows: list[dict[str, Any]]) -> Path | None:
-    try:
-        import matplotlib
+def plot(rows: list[dict[str, Any]]) -> Path:
+    """Throughput and latency against load for both servers (``common.save_plot``)."""
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install matplotlib)")
-        return None
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for workload, ax_tput, ax_lat in (("closed", axes[0], axes[1]), ("poisson", axes[2], None)):
-        for name, style in (("llama-server", "o--"), ("tinyserve", "s-")):
-            by_load: dict[float, list[dict[str, Any]]] = {}
-            for r in rows:
-                if r["workload"] == workload and r["server"] == name:
-                    by_load.setdefault(float(r["load"]), []).append(r)
-            loads = sorted(by_load)
-            if not loads:
-                continue
-            ax_tput.plot(loads, _medians(by_load, "out_tok_s"), style, label=name)
-            if ax_lat is not None:
-                itl, ttft = _medians(by_load, "itl_p50_ms"), _medians(by_load, "ttft_p50_ms")
-                ax_lat.plot(loads, itl, style, label=f"{name} ITL p50")
-                ax_lat.plot(loads, ttft, style, alpha=0.5, label=f"{name} TTFT p50")
-    axes[0].set(title="closed loop", xlabel="concurrent clients", ylabel="output tok/s")
-    axes[1].set(title="closed loop latency", xlabel="concurrent clients", ylabel="ms", yscale="log")
-    axes[2].set(title="Poisson arrivals", xlabel="request rate (req/s)", ylabel="output tok/s")
-    for ax in (ax for ax in axes if ax.has_data()):
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = RESULTS / "vs_llama_server.png"
-    fig.savefig(path, dpi=110)
-    return path
+    def draw(axes: list[Any]) -> None:
+        closed = ("closed", axes[0], axes[1])
+        for workload, ax_tput, ax_lat in (closed, ("poisson", axes[2], None)):
+            for name, style in (("llama-server", "o--"), ("tinyserve", "s-")):
+                by_load: dict[float, list[dict[str, Any]]] = {}
+                for r in rows:
+                    if r["workload"] == workload and r["server"] == name:
+                        by_load.setdefault(float(r["load"]), []).append(r)
+                loads = sorted(by_load)
+                if not loads:
+                    continue
+                ax_tput.plot(loads, _medians(by_load, "out_tok_s"), style, label=name)
+                if ax_lat is not None:
+                    itl, ttft = _medians(by_load, "itl_p50_ms"), _medians(by_load, "ttft_p50_ms")
+                    ax_lat.plot(loads, itl, style, label=f"{name} ITL p50")
+                    ax_lat.plot(loads, ttft, style, alpha=0.5, label=f"{name} TTFT p50")
+        axes[0].set(title="closed loop", xlabel="concurrent clients", ylabel="output tok/s")
+        axes[1].set(title="closed loop latency", xlabel="concurrent clients", ylabel="ms")
+        axes[1].set_yscale("log")
+        axes[2].set(title="Poisson arrivals", xlabel="request rate (req/s)", ylabel="output tok/s")
+        for ax in (ax for ax in axes if ax.has_data()):
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3)
+
+    return save_plot("vs_llama_server", draw, panels=3, width=5.0)
 
 
 def _medians(by_load: dict[float, list[dict[str, Any]]], key: str) -> list[float]:
@@ -474,7 +468,6 @@ def main() -> None:
     from tinyserve.model import resolve_model_path
 
     model_path = resolve_model_path(str(args.model) if args.model else None)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     llama_server_binary()  # build first, so the servers' start is not timed against a compile
     servers = [start_llama_server(args, model_path), start_tinyserve(args, model_path)]
     print(
@@ -501,8 +494,7 @@ def main() -> None:
         for server in servers:
             server.stop()
     print(f"\nwrote {write_csv('vs_llama_server', rows)}")
-    if (png := plot(rows)) is not None:
-        print(f"wrote {png}")
+    print(f"wrote {plot(rows)}")
 
 
 if __name__ == "__main__":
