@@ -165,18 +165,21 @@ class EngineCore:
         return ""
 
     def _reject(self, request: Submit, reason: str) -> None:
-        timeline = Timeline(request, self.policy.name)
-        timeline.end(FINISH_REJECTED, reason, self.tick, self.clock(), 0)
-        self.drafts.finish(request, FINISH_REJECTED, reason, timeline=self._record(timeline))
+        timeline = self._end_unaccepted(request, FINISH_REJECTED, reason)
         self.drafts.rejected(Rejection(reason, timeline))
 
     def refuse(self, request: Submit, fault: str) -> None:
         """A request the engine will not run as sent (``proc.submit_fault``: our frontends
         check first, so a bug or a foreign sender): it ends at once with an error finish
         naming the fault, so whoever waits for it is answered instead of timing out."""
+        self._end_unaccepted(request, FINISH_ERROR, fault)
+
+    def _end_unaccepted(self, request: Submit, reason: str, detail: str) -> Timeline:
+        """End a request the engine never accepted: its final update, and its timeline."""
         timeline = Timeline(request, self.policy.name)
-        timeline.end(FINISH_ERROR, fault, self.tick, self.clock(), 0)
-        self.drafts.finish(request, FINISH_ERROR, fault, timeline=self._record(timeline))
+        timeline.end(reason, detail, self.tick, self.clock(), 0)
+        self.drafts.finish(request, reason, detail, timeline=self._record(timeline))
+        return timeline
 
     def _make_room(self, n_blocks: int) -> bool:
         if self.cache:
