@@ -7,9 +7,21 @@
     # a self-contained, unprivileged nginx in DIR (tests, trying it out):
     python deploy/render_nginx.py --node 127.0.0.1:8001-8002 --listen 127.0.0.1:8080 \
         --standalone DIR && nginx -p DIR -c DIR/nginx.conf -e stderr
+    # session affinity: requests with an X-Session-Id header stick to one node:
+    python deploy/render_nginx.py --node 10.0.0.11:8001-8004 --node 10.0.0.12:8001-8004 --affinity
 
 Servers are listed node by node in turn (a1, b1, a2, b2, ...), so the frontend nginx tries
 after a 503 is usually on another node; every frontend is tried at most once.
+
+With ``--affinity``, a request that carries the session header goes to a second upstream
+that picks a frontend by a consistent hash of the header's value (``hash ... consistent``,
+ketama: 160 points on a ring per unit of weight); requests without it keep the round robin.
+The node, not the frontend, holds a conversation's cached prefix, so the weights give every
+node the same share of the ring whatever its number of frontends (a node with two frontends
+gives each weight 2 where a node with four gives each 1). A refused or unreachable frontend
+still hands the request on: the hash walks on round the ring to the next untried frontend,
+the same one each time for a given session, so a dead node's sessions all settle on one
+other node each and warm its cache.
 Standard library only: it runs before any virtual environment exists.
 """
 
@@ -19,6 +31,7 @@ import argparse
 import getpass
 import grp
 import itertools
+import math
 import os
 import re
 import sys
@@ -29,6 +42,10 @@ HERE = Path(__file__).resolve().parent / "nginx"
 SITE_TEMPLATE = HERE / "tinyserve.conf.template"
 STANDALONE_TEMPLATE = HERE / "nginx-standalone.conf.template"
 PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+# Header names nginx exposes as $http_<name> (lower case, "-" as "_"); nginx drops headers
+# with an underscore unless told otherwise, so none is allowed here.
+HEADER_NAME = re.compile(r"[A-Za-z0-9]+(-[A-Za-z0-9]+)*")
+DEFAULT_SESSION_HEADER = "X-Session-Id"
 
 
 def parse_node(text: str) -> list[str]:
@@ -53,6 +70,49 @@ def interleave(nodes: Sequence[Sequence[str]]) -> list[str]:
     """Servers of every node in turn: [[a1, a2], [b1]] -> [a1, b1, a2]."""
     rounds = itertools.zip_longest(*nodes)
     return [server for row in rounds for server in row if server is not None]
+
+
+def header_variable(name: str) -> str:
+    """The nginx variable holding a request header: ``X-Session-Id`` -> ``$http_x_session_id``."""
+    if not HEADER_NAME.fullmatch(name):
+        raise argparse.ArgumentTypeError(f"bad header name {name!r} (letters, digits, '-')")
+    return "$http_" + name.lower().replace("-", "_")
+
+
+def node_weights(nodes: Sequence[Sequence[str]]) -> dict[str, int]:
+    """Each frontend's weight in the hash ring, so that every node's frontends add up to the
+    same total: [[a1, a2], [b1]] -> {a1: 1, a2: 1, b1: 2}."""
+    total = math.lcm(*(len(node) for node in nodes))
+    return {server: total // len(node) for node in nodes for server in node}
+
+
+def render_affinity(nodes: Sequence[Sequence[str]], header: str) -> str:
+    """The map and the hash upstream that ``--affinity`` adds after the round-robin one."""
+    variable = header_variable(header)
+    weights = node_weights(nodes)
+    servers = "\n".join(
+        f"    server {s} weight={weights[s]} max_fails=0;" for s in interleave(nodes)
+    )
+    return f"""
+# Session affinity (--affinity): a request that names its conversation in {header} goes
+# to the node that served its earlier turns, where the prefix cache still holds them.
+# Requests without the header (or with an empty one) keep the round robin above.
+map {variable} $tinyserve_upstream {{
+    "" tinyserve;
+    default tinyserve_affinity;
+}}
+
+upstream tinyserve_affinity {{
+    # Consistent hash (ketama) over every frontend, weighted so that each node holds the
+    # same share of the ring however many frontends it has: the node is what caches.
+    # A 503/429 or an unreachable frontend walks on round the ring to the next untried
+    # frontend, the same one every time for a session (proxy_next_upstream below).
+    # The method comes before keepalive, as nginx requires.
+    hash {variable} consistent;
+{servers}
+    keepalive 32;
+}}
+"""
 
 
 def fill(template: str, values: dict[str, str]) -> str:
@@ -81,6 +141,8 @@ def render_site(nodes: Sequence[Sequence[str]], options: argparse.Namespace) -> 
             "connect_timeout": options.connect_timeout,
             "tries": str(len(servers)),
             "next_upstream_timeout": options.next_upstream_timeout,
+            "affinity": render_affinity(nodes, options.session_header) if options.affinity else "",
+            "upstream": "$tinyserve_upstream" if options.affinity else "tinyserve",
         },
     )
 
@@ -121,6 +183,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--next-upstream-timeout", default="10s", help="how long a request may be passed on"
     )
     parser.add_argument(
+        "--affinity",
+        action="store_true",
+        help="send requests that carry the session header to one node (consistent hash)",
+    )
+    parser.add_argument(
+        "--session-header",
+        help=f"with --affinity: the header that names a conversation ({DEFAULT_SESSION_HEADER})",
+    )
+    parser.add_argument(
         "--standalone", type=Path, metavar="DIR", help="write a complete nginx setup into DIR"
     )
     parser.add_argument(
@@ -129,6 +200,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
     options = parser.parse_args(argv)
     options.nodes = options.nodes or [parse_node("127.0.0.1:8001-8002")]
+    if options.session_header and not options.affinity:
+        parser.error("--session-header needs --affinity")
+    options.session_header = options.session_header or DEFAULT_SESSION_HEADER
+    try:
+        header_variable(options.session_header)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
     if options.access_log is None:
         logs = options.standalone.resolve() if options.standalone else Path("/var/log/nginx")
         options.access_log = str(logs / "tinyserve.access.log")

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from tests.integration.node import free_port
@@ -26,7 +27,9 @@ def find_nginx() -> str | None:
 class Nginx:
     """``nginx`` in the foreground (``daemon off``) on a high loopback port."""
 
-    def __init__(self, workdir: Path, *nodes: str) -> None:
+    def __init__(self, workdir: Path, *nodes: str, options: Sequence[str] = ()) -> None:
+        """``nodes``: one ``--node`` value each; ``options``: more renderer flags
+        (``--affinity``)."""
         binary = find_nginx()
         assert binary is not None, "nginx is not installed"
         self.binary = binary
@@ -37,7 +40,8 @@ class Nginx:
         node_args = [arg for node in nodes for arg in ("--node", node)]
         listen = ["--listen", f"127.0.0.1:{self.port}"]
         standalone = ["--standalone", str(workdir), "--foreground"]
-        subprocess.run([sys.executable, str(RENDER), *node_args, *listen, *standalone], check=True)
+        render = [sys.executable, str(RENDER), *node_args, *listen, *standalone, *options]
+        subprocess.run(render, check=True)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Nginx:
