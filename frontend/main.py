@@ -18,7 +18,7 @@ from tinyserve.config import FRONTEND, Config, notify_socket
 from tinyserve.errors import TinyServeError
 from tinyserve.frontend.http.app import build_app
 from tinyserve.frontend.http.appkeys import LINK
-from tinyserve.frontend.http.drain import drain_app
+from tinyserve.frontend.http.gate import drain_app
 from tinyserve.logs import fields, setup_logging
 from tinyserve.ownership import join_node
 from tinyserve.rundir import prepare_runtime_dir

@@ -24,7 +24,7 @@ from aiohttp import web
 from tinyserve.frontend.dashboard.hub import FEED_HUB, RENEW_S, Viewer, sse_frame
 from tinyserve.frontend.http.api_errors import ApiError
 from tinyserve.frontend.http.appkeys import CLIENT, LINK
-from tinyserve.frontend.http.drain import DRAIN
+from tinyserve.frontend.http.gate import GATE
 from tinyserve.frontend.request.reply_common import SSE_HEADERS, engine_unavailable
 
 WRITE_TIMEOUT_S = 5.0  # a viewer whose socket takes no more bytes for this long is gone
@@ -105,8 +105,8 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 async def _stream(request: web.Request, response: web.StreamResponse, viewer: Viewer) -> str:
     """Pass the viewer's frames on until it is cut off or this frontend drains."""
-    hub, drain = request.app[FEED_HUB], request.app[DRAIN]
-    while not drain.draining:
+    hub, gate = request.app[FEED_HUB], request.app[GATE]
+    while not gate.draining:
         try:
             frame = await asyncio.wait_for(viewer.queue.get(), RENEW_S)
         except TimeoutError:

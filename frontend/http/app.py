@@ -31,8 +31,7 @@ from tinyserve.frontend.http.appkeys import (
     TRACING,
 )
 from tinyserve.frontend.http.auth import ApiKeys, auth_middleware
-from tinyserve.frontend.http.drain import DRAIN, Drain, drain_middleware
-from tinyserve.frontend.http.limits import InFlight
+from tinyserve.frontend.http.gate import GATE, Gate
 from tinyserve.frontend.http.metrics_route import http_middleware
 from tinyserve.frontend.http.routes import add_routes
 from tinyserve.frontend.link.engine_client import EngineClient
@@ -59,11 +58,12 @@ def build_app(config: Config, tracing: Tracing | None = None) -> web.Application
     middlewares: list[Middleware] = [http_middleware(process_metrics), error_middleware]
     if keys.enabled:
         middlewares.append(auth_middleware(keys, config))
-    middlewares += [InFlight(config.max_connections).middleware(), drain_middleware]
+    gate = Gate(config.max_connections)
+    middlewares.append(gate.middleware())
     app = web.Application(middlewares=middlewares, client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app[TRACING] = tracing or Tracing()  # the caller owns it (and flushes it at exit)
-    app[DRAIN] = Drain()
+    app[GATE] = gate
     app[METRICS] = process_metrics
     app[FEED_HUB] = FeedHub()
     app.cleanup_ctx.append(_tokenizer_ctx)

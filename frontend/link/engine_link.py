@@ -57,7 +57,7 @@ class EngineLink:
         ack = self.ack
         if ack is None or not self.serving.is_set():
             return None
-        return Limits(ack.block_size, ack.blocks_total, ack.max_queue, ack.slots)
+        return Limits(ack.block_size, ack.blocks_total, ack.max_queue, ack.n_ctx, ack.slots)
 
     def load(self) -> Load | None:
         """The node's current load from the board, None while not serving or unreadable."""

@@ -1,4 +1,5 @@
-"""Admission: turn a request away before it reaches the engine when it cannot be served soon.
+"""Admission: turn a request away before it reaches the engine when it can never be served
+(a 400: over ``--max-prompt-tokens``, the context or the whole KV cache) or not soon (a 503).
 
 Transport-free: the figures come in as plain values (read from the board and the handshake by
 the caller) and a ``Rejection`` or ``None`` comes out. The engine re-checks on receipt and is
@@ -22,6 +23,7 @@ PRIOR_DRAIN_RATE = 1.0
 # No restart time is known when the engine is down; a few seconds keeps clients from hammering.
 ENGINE_DOWN_RETRY_S = 5
 REASON_DRAINING = protocol.REJECT_DRAINING
+PROMPT_TOO_LONG = "prompt_too_long"  # over --max-prompt-tokens, however large the context
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Limits:
     block_size: int
     blocks_total: int
     max_queue: int
+    n_ctx: int
     slots: int = 0
 
 
@@ -59,7 +62,7 @@ class Rejection:
     status: int
     reason: str
     message: str
-    retry_after: int | None = None
+    retry_after: int | None = None  # a 503's
 
 
 def retry_after_s(requests_ahead: int, drain_rate: float) -> int:
@@ -72,16 +75,19 @@ def retry_after_s(requests_ahead: int, drain_rate: float) -> int:
     return max(math.ceil(seconds), RETRY_MIN_S)
 
 
-def admit(prompt_tokens: int, max_tokens: int, limits: Limits, load: Load) -> Rejection | None:
-    """``None`` when the request may be sent to the engine, else why not."""
-    tokens = prompt_tokens + max_tokens
-    need = capacity.blocks_needed(tokens, limits.block_size)
-    if not capacity.fits_blocks(tokens, limits.block_size, limits.blocks_total):
-        return Rejection(
-            400,
-            protocol.REJECT_TOO_LONG,
-            f"request needs {need} KV blocks; the engine has {limits.blocks_total} in all",
-        )
+def admit(
+    prompt_tokens: int,
+    max_tokens: int,
+    limits: Limits,
+    load: Load,
+    max_prompt_tokens: int = 0,
+) -> Rejection | None:
+    """``None`` when the request may be sent to the engine, else why not. ``max_prompt_tokens``
+    is this frontend's ``--max-prompt-tokens`` (0: no limit of its own)."""
+    never = _never_fits(prompt_tokens, max_tokens, limits, max_prompt_tokens)
+    if never is not None:
+        return never
+    need = capacity.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
     if load.draining:
         return _draining(load)
     # Requests that will find a free slot at the engine's next tick do not wait in its queue.
@@ -104,6 +110,31 @@ def admit(prompt_tokens: int, max_tokens: int, limits: Limits, load: Load) -> Re
             f"request needs {need} KV blocks; {max(free, 0)} are free",
             retry_after_s(_requests_to_free(need - free, load), load.drain_rate),
         )
+    return None
+
+
+def _never_fits(
+    prompt_tokens: int, max_tokens: int, limits: Limits, max_prompt_tokens: int
+) -> Rejection | None:
+    """The 400s, checked in this order: each names the limit the request is over."""
+    if max_prompt_tokens and prompt_tokens > max_prompt_tokens:
+        return Rejection(
+            400,
+            PROMPT_TOO_LONG,
+            f"the prompt has {prompt_tokens} tokens; this server accepts at most "
+            f"{max_prompt_tokens} (max_prompt_tokens)",
+        )
+    total = prompt_tokens + max_tokens
+    if total > limits.n_ctx:
+        message = (
+            f"prompt_tokens ({prompt_tokens}) + max_tokens ({max_tokens}) exceeds "
+            f"the context length ({limits.n_ctx})"
+        )
+        return Rejection(400, protocol.REJECT_TOO_LONG, message)
+    if not capacity.fits_blocks(total, limits.block_size, limits.blocks_total):
+        need = capacity.blocks_needed(total, limits.block_size)
+        message = f"request needs {need} KV blocks; the engine has {limits.blocks_total} in all"
+        return Rejection(400, protocol.REJECT_TOO_LONG, message)
     return None
 
 

@@ -1,6 +1,6 @@
 """The path every generation request takes once its surface has parsed it.
 
-tokenize -> check it fits -> admit (board) -> submit -> wait for the engine's first word
+tokenize -> admit (its limits, the board) -> submit -> wait for the engine's first word
 (accepted or rejected) -> hand the stream to the surface's ``Reply``. Headers go out only after
 that first word, so an engine-side rejection is still a proper 503 and not a stream that ends in
 an error. ``/generate`` and the OpenAI routes differ only in how they parse and how they reply.
@@ -13,13 +13,12 @@ import logging
 from aiohttp import web
 
 from tinyserve import capacity, protocol
-from tinyserve.frontend.http.api_errors import ApiError
+from tinyserve.frontend.http.api_errors import ApiError, invalid
 from tinyserve.frontend.http.appkeys import CLIENT, CONFIG, LINK, METRICS, TOKENIZER
 from tinyserve.frontend.http.backpressure import ClientStalled, drop_connection
-from tinyserve.frontend.http.limits import check_prompt_limit
 from tinyserve.frontend.link.engine_client import EngineUnreachable
 from tinyserve.frontend.request import admission
-from tinyserve.frontend.request.generation import Generation, check_prompt_fits, check_token_ids
+from tinyserve.frontend.request.generation import Generation, check_token_ids
 from tinyserve.frontend.request.meters import RequestMeter, count_rejection
 from tinyserve.frontend.request.observe import admission_figures, observe, step, trace_context
 from tinyserve.frontend.request.record import RequestRecord
@@ -59,16 +58,8 @@ async def _run(
     prompt_ids: list[int] | None,
     meter: RequestMeter,
 ) -> web.StreamResponse:
-    app, req = request.app, record.generation
-    ack = app[LINK].ack
-    if ack is None:
-        raise engine_unavailable()
-    if prompt_ids is None:
-        prompt_ids = await app[TOKENIZER].tokenize(req.prompt)
-    else:
-        check_token_ids(prompt_ids, ack.n_vocab)
-    check_prompt_limit(len(prompt_ids), app[CONFIG].max_prompt_tokens)
-    check_prompt_fits(len(prompt_ids), req.max_tokens, ack.n_ctx)
+    app = request.app
+    prompt_ids = await _prompt_ids(request, record.generation, prompt_ids)
     record.prompt_tokens, record.prompt_ids = len(prompt_ids), prompt_ids
     with step(request, record, "admission"):
         blocks = _admit(request, record)
@@ -80,14 +71,33 @@ async def _run(
         raise
 
 
+async def _prompt_ids(
+    request: web.Request, req: Generation, given: list[int] | None
+) -> list[int]:
+    """The prompt's token ids: tokenized here, or ``given`` and checked against the
+    vocabulary; an empty prompt is a 400."""
+    ack = request.app[LINK].ack
+    if ack is None:
+        raise engine_unavailable()
+    if given is None:
+        given = await request.app[TOKENIZER].tokenize(req.prompt)
+    else:
+        check_token_ids(given, ack.n_vocab)
+    if not given:  # the models refuse an empty prompt; this keeps a missed case from the engine
+        raise invalid("'prompt' tokenizes to 0 tokens", "prompt")
+    return given
+
+
 def _admit(request: web.Request, record: RequestRecord) -> int:
-    """Check the board; returns the request's worst-case KV blocks or raises the rejection."""
+    """Its limits and the board; returns the request's worst-case KV blocks or raises the
+    rejection."""
     link = request.app[LINK]
     limits, load = link.limits, link.load()
     if limits is None or load is None:
         raise engine_unavailable()
     prompt_tokens, max_tokens = record.prompt_tokens, record.generation.max_tokens
-    rejection = admission.admit(prompt_tokens, max_tokens, limits, load)
+    max_prompt = request.app[CONFIG].max_prompt_tokens
+    rejection = admission.admit(prompt_tokens, max_tokens, limits, load, max_prompt)
     blocks = capacity.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
     if record.generation.fork_of:  # the prompt's full blocks are its leader's (engine/forks.py)
         blocks -= prompt_tokens // limits.block_size

@@ -76,6 +76,8 @@ class EventSource(Protocol):
 
 def rejection_error(rejection: Rejection) -> ApiError:
     """The HTTP error for an admission (or engine) rejection."""
+    if rejection.reason == admission.PROMPT_TOO_LONG:
+        return ApiError(400, admission.PROMPT_TOO_LONG, rejection.message)
     if rejection.status == 400:
         return too_long(rejection.message)
     assert rejection.retry_after is not None

@@ -18,7 +18,7 @@ from tinyserve.config import Config, build_config
 from tinyserve.frontend.dashboard import handlers
 from tinyserve.frontend.dashboard.hub import FEED_HUB, LEASE_S
 from tinyserve.frontend.http.app import build_app
-from tinyserve.frontend.http.drain import DRAIN
+from tinyserve.frontend.http.gate import GATE
 
 Client = TestClient[Any, Any]
 
@@ -96,7 +96,7 @@ async def test_the_lease_is_renewed_while_a_viewer_stays(
 async def test_a_draining_frontend_ends_the_stream(served: Client, engine: FakeEngine) -> None:
     async with served.get("/v1/events") as response:
         await next_event(response.content)
-        served.app[DRAIN].begin()
+        served.app[GATE].begin_drain()
         event, body = await asyncio.wait_for(next_event(response.content), 5)
         assert (event, body) == ("end", {"reason": "draining"})
 

@@ -133,3 +133,12 @@ async def test_requests_over_max_connections_get_a_429_and_probes_still_answer(
     await until(lambda: len(engine.cancels) == 2)
     release.set()
     assert (await served.post("/generate", json={"prompt": "Hi"})).status == 200
+
+
+async def test_an_empty_prompt_is_a_400_naming_it(served: Client, engine: FakeEngine) -> None:
+    error = await native_error(await served.post("/generate", json={"prompt": ""}), 400)
+    assert "'prompt'" in error["message"]
+    for prompt in ("", []):
+        response = await served.post("/v1/completions", json=completion(prompt=prompt))
+        assert (await openai_error(response, 400))["param"] == "prompt"
+    assert engine.submits == []

@@ -11,7 +11,7 @@ from tinyserve.config import build_config
 from tinyserve.frontend.http.api_errors import ApiError
 from tinyserve.frontend.models.native import GenerateRequest
 from tinyserve.frontend.models.parse import parse_body
-from tinyserve.frontend.request.generation import Generation, check_prompt_fits
+from tinyserve.frontend.request.generation import Generation
 from tinyserve.protocol import SamplingParams
 
 CONFIG = build_config({"max_tokens_limit": 512, "default_max_tokens": 32}, environ={})
@@ -190,18 +190,3 @@ def test_edge_values_accepted() -> None:
     assert parse({"prompt": "x", "stop": ["y" * 64] * 4}).sampling.stop == ["y" * 64] * 4
     assert parse({"prompt": "x", "stop": []}).sampling.stop == []
     assert parse({"prompt": "x", "tenant": "a" * 64}).tenant == "a" * 64
-
-
-def test_prompt_of_zero_tokens() -> None:
-    with pytest.raises(ApiError) as info:
-        check_prompt_fits(0, 10, 100)
-    assert info.value.status == 400 and info.value.type == "invalid_request"
-
-
-def test_context_length_exceeded() -> None:
-    check_prompt_fits(90, 10, 100)
-    with pytest.raises(ApiError) as info:
-        check_prompt_fits(91, 10, 100)
-    assert info.value.status == 400
-    assert info.value.type == "context_length_exceeded"
-    assert "100" in info.value.message

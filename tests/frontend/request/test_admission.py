@@ -10,6 +10,7 @@ from tinyserve import protocol
 from tinyserve.capacity import blocks_needed
 from tinyserve.frontend.request.admission import (
     PRIOR_DRAIN_RATE,
+    PROMPT_TOO_LONG,
     RETRY_MAX_S,
     RETRY_MIN_S,
     Limits,
@@ -19,7 +20,7 @@ from tinyserve.frontend.request.admission import (
     retry_after_s,
 )
 
-LIMITS = Limits(block_size=16, blocks_total=100, max_queue=8)
+LIMITS = Limits(block_size=16, blocks_total=100, max_queue=8, n_ctx=4096)
 
 
 def load(**changes: float) -> Load:
@@ -41,6 +42,18 @@ def test_never_fits_is_a_400() -> None:
     assert admit(1000, 600, LIMITS, load()) is None
 
 
+def test_over_the_context_or_the_prompt_limit_is_a_400_naming_it() -> None:
+    small = Limits(block_size=16, blocks_total=100, max_queue=8, n_ctx=100)
+    assert admit(90, 10, small, load()) is None
+    rejection = admit(91, 10, small, load())
+    assert rejection is not None and rejection.status == 400
+    assert rejection.reason == protocol.REJECT_TOO_LONG and "(100)" in rejection.message
+    assert admit(5, 10, small, load(), max_prompt_tokens=5) is None
+    rejection = admit(6, 10, small, load(waiting=100), max_prompt_tokens=5)
+    assert rejection is not None and rejection.status == 400
+    assert rejection.reason == PROMPT_TOO_LONG and "at most 5" in rejection.message
+
+
 def test_queue_full_counts_engine_waiting_and_pending() -> None:
     assert admit(10, 6, LIMITS, load(waiting=4, pending_requests=3)) is None
     rejection = admit(10, 6, LIMITS, load(waiting=4, pending_requests=4))
@@ -50,7 +63,7 @@ def test_queue_full_counts_engine_waiting_and_pending() -> None:
 
 
 def test_requests_bound_for_free_slots_do_not_count_as_queued() -> None:
-    limits = Limits(block_size=16, blocks_total=100, max_queue=2, slots=4)
+    limits = Limits(block_size=16, blocks_total=100, max_queue=2, n_ctx=4096, slots=4)
     # 1 running, 3 slots free: 3 of the 4 pending go straight to a slot, 1 waits.
     assert admit(10, 6, limits, load(running=1, pending_requests=4)) is None
     assert admit(10, 6, limits, load(running=1, pending_requests=5)) is not None
