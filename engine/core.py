@@ -88,8 +88,9 @@ class EngineCore:
         self.policy: Policy = make_policy(
             config.policy, config.tenant_weight_map, config.srpt_aging
         )
-        cache_seqs = range(config.slots, config.slots + config.cache_seqs)
-        self.cache = PrefixCache(runtime, self.blocks, cache_seqs) if config.prefix_cache else None
+        self.cache = (
+            PrefixCache.from_config(config, runtime, self.blocks) if config.prefix_cache else None
+        )
         self.slots: list[Sequence | None] = [None] * config.slots
         self.running: list[Sequence] = []  # in slot-grant order: earlier prefills go first
         self.samplers: dict[int, Sampler] = {}  # by slot
@@ -152,6 +153,7 @@ class EngineCore:
             seq.timeline.prefix_recomputed = hit.n_tokens
             return
         seq.hit, seq.blocks = hit, list(hit.block_ids)  # pinned: held like its own blocks
+        seq.timeline.host_restored(hit.host_tokens, hit.restore_ns)
 
     def _rejection(self, request: Submit) -> str:
         prompt, max_tokens = len(request.prompt_ids), request.max_tokens

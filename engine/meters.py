@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import replace
 
 from tinyserve.engine.prefix_cache import CacheStats
 from tinyserve.engine.report import RULE_PRIORITY, RULE_TENANT, Cause, Grant, Load, TickReport
@@ -117,6 +118,10 @@ class _CacheCounters:
         self._hit_tokens = m.counter("tinyserve_prefix_cache_hit_tokens_total")
         self._misses = m.counter("tinyserve_prefix_cache_misses_total")
         self._evicted = m.counter("tinyserve_prefix_cache_evicted_blocks_total")
+        self._host_saved = m.counter("tinyserve_prefix_cache_host_saved_blocks_total")
+        self._host_hit = m.counter("tinyserve_prefix_cache_host_hit_tokens_total")
+        self._host_restore = m.counter("tinyserve_prefix_cache_host_restore_seconds_total")
+        self._host_bytes = m.gauge("tinyserve_prefix_cache_host_bytes")
         self._seen = CacheStats()
 
     def catch_up(self, stats: CacheStats) -> None:
@@ -130,10 +135,8 @@ class _CacheCounters:
         for reason, count in stats.misses.items():
             if count != seen.misses[reason]:
                 self._misses.labels(reason).inc(count - seen.misses[reason])
-        self._seen = CacheStats(
-            stats.lookups,
-            stats.lookup_tokens,
-            stats.hit_tokens,
-            Counter(stats.misses),
-            stats.evicted_blocks,
-        )
+        self._host_saved.inc(stats.host_saved_blocks - seen.host_saved_blocks)
+        self._host_hit.inc(stats.host_hit_tokens - seen.host_hit_tokens)
+        self._host_restore.inc((stats.host_restore_ns - seen.host_restore_ns) / 1e9)
+        self._host_bytes.set(stats.host_bytes)
+        self._seen = replace(stats, misses=Counter(stats.misses))

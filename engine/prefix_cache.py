@@ -12,22 +12,40 @@ for the rest. Unreferenced cached blocks are evictable: they count as available,
 evicted leaf first, least recently used first, when a request needs room or a spare sequence
 id is needed. Parking pins the prefix the tree already has while it evicts for a sequence id,
 so the new blocks always hang from cached blocks whose cells their holders still have.
+
+With a host tier (``host_cache.HostCache``), an evicted block's KV is copied to host memory
+first, and a lookup that runs past the cells continues there: the blocks found are written
+back into cells, held by a cache sequence like parked blocks, and are then an ordinary hit.
+Both copies go through one scratch sequence id, since llama.cpp saves and restores a whole
+sequence's cells (``set_data`` first clears its destination).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence as Tokens
 from dataclasses import dataclass, field
 
+from tinyserve.config import Config
+from tinyserve.engine.host_cache import ROOT, HostBlock, HostCache, chain_keys
 from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.logs import fields
 from tinyserve_native.kv_blocks import BlockAccountant
 from tinyserve_native.radix import Match, RadixTree
+
+log = logging.getLogger(__name__)
 
 MISS_SHORT = "short"  # the prompt has no full block before its last token
 MISS_NO_MATCH = "no_match"  # nothing cached starts this way
 MISS_EVICTED = "evicted"  # it was cached once, but evicted since
 EVICTED_MEMORY = 4096  # remembered evicted prefixes, for telling MISS_EVICTED from MISS_NO_MATCH
+# Restore from host memory only runs of at least this many tokens. Measured (bench/host_cache.py
+# (a), busy machine, 1 thread): writing a 16-token block back costs ~0.3 ms against ~185 ms to
+# prefill it, 9 ms against 7.1 s for 512 tokens (600-1300x less at every length), with no
+# fixed cost beyond the blocks: there is no crossover, every whole block is worth restoring.
+RESTORE_MIN_TOKENS = 1
 
 
 @dataclass(frozen=True)
@@ -37,6 +55,8 @@ class Hit:
     n_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
     miss: str = ""  # why fewer than all lookup-able blocks were found ("" for a full hit)
+    host_tokens: int = 0  # of n_tokens, those written back into cells from host memory
+    restore_ns: int = 0  # how long writing them back took
 
 
 NO_HIT = Hit()
@@ -51,6 +71,10 @@ class CacheStats:
     hit_tokens: int = 0
     misses: Counter[str] = field(default_factory=Counter)
     evicted_blocks: int = 0
+    host_saved_blocks: int = 0  # evicted blocks whose KV went to host memory
+    host_hit_tokens: int = 0  # of hit_tokens, those restored from host memory
+    host_restore_ns: int = 0
+    host_bytes: int = 0  # what the host tier holds now (a gauge, not a running total)
 
 
 class PrefixCache:
@@ -59,8 +83,13 @@ class PrefixCache:
         runtime: LlamaRuntime,
         blocks: BlockAccountant,
         cache_seqs: range,
+        host: HostCache | None = None,
+        scratch: int = -1,
     ) -> None:
+        assert host is None or scratch >= 0, "the host tier needs a scratch sequence id"
         self.runtime = runtime
+        self.host = host
+        self.scratch = scratch
         self.blocks = blocks
         self.block_size = blocks.block_size
         self.cache_seqs = cache_seqs
@@ -69,6 +98,18 @@ class PrefixCache:
         self.seq_end: dict[int, int] = {}  # cache seq id -> end position of the cells it holds
         self.stats = CacheStats()
         self._evicted: OrderedDict[int, None] = OrderedDict()
+
+    @classmethod
+    def from_config(
+        cls, config: Config, runtime: LlamaRuntime, blocks: BlockAccountant
+    ) -> PrefixCache:
+        """The cache ``config`` asks for: ``--cache-seqs`` ids after the slots' and, with
+        ``--host-cache-mb``, the host tier and the scratch id after those."""
+        seqs = range(config.slots, config.slots + config.cache_seqs)
+        if not config.host_cache:
+            return cls(runtime, blocks, seqs)
+        host = HostCache(config.host_cache_mb * 2**20, config.block_size)
+        return cls(runtime, blocks, seqs, host, seqs.stop)
 
     def reset(self) -> None:
         """Drop every cached prefix: the blocks' cached flags (an unreferenced block becomes
@@ -97,13 +138,21 @@ class PrefixCache:
             return Hit(miss=MISS_SHORT)
         match = self.tree.match(list(prompt[:usable]))
         self._pin(match.block_ids)
-        self.stats.hit_tokens += match.n_tokens
+        block_ids, restored, started = list(match.block_ids), [], time.perf_counter_ns()
+        if self.host is not None and match.n_tokens < usable:
+            restored = self._restore(prompt[:usable], match)
+            block_ids += restored
+        restore_ns = time.perf_counter_ns() - started if restored else 0
+        n_tokens, host_tokens = len(block_ids) * self.block_size, len(restored) * self.block_size
+        self.stats.hit_tokens += n_tokens
+        self.stats.host_hit_tokens += host_tokens
+        self.stats.host_restore_ns += restore_ns
         miss = ""
-        if match.n_tokens < usable:
-            next_end = match.n_tokens + self.block_size
+        if n_tokens < usable:
+            next_end = n_tokens + self.block_size
             miss = MISS_EVICTED if _path_key(prompt[:next_end]) in self._evicted else MISS_NO_MATCH
             self.stats.misses[miss] += 1
-        return Hit(match.n_tokens, list(match.block_ids), miss)
+        return Hit(n_tokens, block_ids, miss, host_tokens, restore_ns)
 
     def _pin(self, block_ids: list[int]) -> None:
         for block in block_ids:
@@ -166,18 +215,94 @@ class PrefixCache:
     ) -> int:
         """Hang blocks ``len(known)..`` of ``tokens`` below ``known``, ``holder`` owning them
         (``slot``'s own, now cached) and seeing their cells; returns how many."""
-        first_new = len(known)
-        new = block_ids[first_new:]
-        start, end = first_new * self.block_size, len(tokens)
+        start = len(known) * self.block_size
+        self._hang(tokens[start:], block_ids[len(known) :], known, holder)
+        self.runtime.share(slot, holder, start, len(tokens))
+        return len(block_ids) - len(known)
+
+    def _hang(self, tokens: list[int], new: list[int], known: list[int], holder: int) -> None:
+        """Put blocks ``new`` (of ``tokens``) in the tree below ``known``, owned by
+        ``holder``, whose cells must end where they start (the caller gives it theirs)."""
+        start = len(known) * self.block_size
         parent = known[-1] if known else -1
-        kept = self.tree.extend(parent, tokens[start:], new, holder)
+        kept = self.tree.extend(parent, tokens, new, holder)
         assert kept == new, f"the tree kept {kept}, not our new blocks {new}"
         for block in new:
             self.blocks.set_cached(block, True)
         assert self.seq_end.get(holder, start) == start, f"seq {holder} holds cells past {start}"
-        self.runtime.share(slot, holder, start, end)
-        self.seq_end[holder] = end
-        return len(new)
+        self.seq_end[holder] = start + len(tokens)
+
+    # -- the host tier -----------------------------------------------------------------------
+
+    def _restore(self, tokens: Tokens[int], known: Match) -> list[int]:
+        """Write the blocks host memory holds after ``known`` back into cells, held by a
+        cache sequence as parked blocks are; returns their new block ids, pinned once (the
+        caller's hit). Needs room and a sequence id: evicts for them, else restores none."""
+        assert self.host is not None
+        bs, first = self.block_size, len(known.block_ids)
+        parent = chain_keys(tokens[: known.n_tokens], bs)[-1] if first else ROOT
+        run = self.host.run(tokens, first, parent, len(tokens) // bs - first)
+        if not run or len(run) * bs < RESTORE_MIN_TOKENS or not self.make_room(len(run)):
+            return []
+        holder = self._holder_for(known)
+        if holder < 0:
+            return []
+        new = self.blocks.allocate(len(run))
+        loaded = self._load_run(run, holder, known.n_tokens)
+        self.blocks.release_all(new[loaded:])  # never cached: free again
+        if not loaded:
+            if holder not in self.tree.seqs_in_use():
+                self._release_seq(holder)
+            return []
+        end = known.n_tokens + loaded * bs
+        self._hang(list(tokens[known.n_tokens : end]), new[:loaded], known.block_ids, holder)
+        return new[:loaded]
+
+    def _load_run(self, run: list[HostBlock], holder: int, start: int) -> int:
+        """Give ``holder`` the cells of ``run``'s blocks from position ``start``, one block
+        at a time through the scratch sequence; returns how many blocks it got. A block
+        llama.cpp refuses ends the run and leaves host memory."""
+        assert self.host is not None
+        for i, block in enumerate(run):
+            pos = start + i * self.block_size
+            assert block.depth * self.block_size == pos, "a host block at the wrong depth"
+            loaded = self.runtime.load_seq(self.scratch, block.kv)
+            if loaded:
+                self.runtime.share(self.scratch, holder, pos, pos + self.block_size)
+            self.runtime.forget(self.scratch)
+            if not loaded:
+                log.warning("host cache block refused by llama.cpp, dropped", extra=fields(pos=pos))
+                self.host.discard(block.key)
+                self.stats.host_bytes = self.host.bytes
+                return i
+        return len(run)
+
+    def _save(self, path: list[int], seq: int) -> None:
+        """Copy the KV of the block ending ``path`` (``seq`` sees its cells) to host memory,
+        unless it is there already (restored earlier, or saved by ``spill``)."""
+        assert self.host is not None
+        bs, end = self.block_size, len(path)
+        keys = chain_keys(path, bs)
+        if self.host.touch(keys[-1]):
+            return
+        self.runtime.share(seq, self.scratch, end - bs, end)
+        kv = self.runtime.save_seq(self.scratch)
+        self.runtime.forget(self.scratch)
+        parent = keys[-2] if len(keys) > 1 else ROOT
+        if self.host.put(HostBlock(parent, tuple(path[-bs:]), kv, len(keys) - 1)):
+            self.stats.host_saved_blocks += 1
+            self.stats.host_bytes = self.host.bytes
+
+    def spill(self) -> int:
+        """Copy every cached block still in cells to host memory as well (to be written to
+        disk at drain); deepest first, so that when the bound drops some, the shallow ones,
+        shared by more prompts, stay. Returns the blocks in the tree."""
+        if self.host is None:
+            return 0
+        paths = {b: self.tree.path_tokens(b) for b in range(self.blocks.total) if b in self.tree}
+        for block in sorted(paths, key=lambda b: -len(paths[b])):
+            self._save(paths[block], self.tree.owner(block))
+        return len(paths)
 
     # -- eviction ----------------------------------------------------------------------------
 
@@ -188,6 +313,8 @@ class PrefixCache:
             return False
         path = self.tree.path_tokens(victim)
         seq, start, end = self.tree.remove_leaf(victim)
+        if self.host is not None:
+            self._save(path, seq)
         self.runtime.forget(seq, start, end)
         self.blocks.evict(victim)
         self.stats.evicted_blocks += 1

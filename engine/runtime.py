@@ -113,6 +113,12 @@ class LlamaRuntime:
         params.n_threads = spec.n_threads
         params.n_threads_batch = spec.n_threads
         params.no_perf = True
+        # What the KV bytes' layout depends on (cache_store keys saved KV by it).
+        self.kv_layout = {
+            "type_k": int(params.type_k),
+            "type_v": int(params.type_v),
+            "flash_attn": int(params.flash_attn_type),
+        }
         ctx: llama_cpp.llama_context_p = llama_cpp.llama_init_from_model(self._model, params)
         if not ctx:
             raise EngineFatalError("llama.cpp could not create a context")
@@ -199,10 +205,30 @@ class LlamaRuntime:
         """Let ``dst`` see ``src``'s cells in ``[start, end)`` (no copy in a unified cache)."""
         llama_cpp.llama_memory_seq_cp(self._memory, src, dst, start, end)
 
+    def save_seq(self, seq_id: int) -> bytes:
+        """The KV of every cell ``seq_id`` sees, with their positions, as llama.cpp writes it
+        (``llama_state_seq_get_data``): what ``load_seq`` takes back."""
+        size = int(llama_cpp.llama_state_seq_get_size(self.ctx, seq_id))
+        buf = (ctypes.c_uint8 * size)()
+        written = int(llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq_id))
+        return ctypes.string_at(buf, written)
+
+    def load_seq(self, seq_id: int, data: bytes) -> bool:
+        """Give ``seq_id`` (whose cells llama.cpp drops first) the cells ``save_seq`` wrote,
+        at their positions, in free cells; False if llama.cpp refused the data (it checks
+        the layer count, cell sizes and types, and that enough cells are free)."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return int(llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id)) > 0
+
     def close(self) -> None:
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self.ctx)
         llama_cpp.llama_model_free(self._model)
+
+
+def llama_cpp_version() -> str:
+    """The llama-cpp-python release (and so the llama.cpp sources) this engine runs on."""
+    return str(llama_cpp.__version__)
 
 
 def _address(pointer: Any) -> int | None:

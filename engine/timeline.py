@@ -21,6 +21,7 @@ from tinyserve.timeline_records import (
     DecodeRun,
     Finish,
     GrammarWire,
+    HostRestoreWire,
     PrefillChunk,
     QueueWire,
     SharedPrefillWire,
@@ -43,6 +44,7 @@ class Timeline:
         "first_token_ns",
         "grammar",
         "grants_at_accept",
+        "host_restore",
         "policy",
         "prefix_recomputed",
         "prefix_tokens",
@@ -65,6 +67,7 @@ class Timeline:
         self.first_token_ns = 0
         self.finish: Finish | None = None
         self.grammar: GrammarWire | None = None  # set at the slot grant of a constrained one
+        self.host_restore: HostRestoreWire | None = None  # a hit partly from host memory
         self._last_ns = 0
 
     # -- recording ---------------------------------------------------------------------------
@@ -75,6 +78,11 @@ class Timeline:
         self.accepted = Accepted(tick, now, blocks, running, waiting)
         self.grants_at_accept = grants
         self._last_ns = now
+
+    def host_restored(self, tokens: int, ns: int) -> None:
+        """``tokens`` of its prefix-cache hit were written back from host memory in ``ns``."""
+        if tokens:
+            self.host_restore = {"tokens": tokens, "ms": ms(ns)}
 
     def grant(self, tick: int, now: int, slot: int, rule: str, grants: int) -> None:
         """A slot was granted; ``grants`` counts slot grants so far (this one not included)."""
@@ -150,6 +158,8 @@ class Timeline:
         }
         if self.grammar is not None:
             wire["grammar"] = self.grammar
+        if self.host_restore is not None:
+            wire["host_restore"] = self.host_restore
         return wire
 
     def _status(self) -> str:

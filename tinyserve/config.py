@@ -148,6 +148,11 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "cache_seqs", _nnint, 16, "spare llama.cpp sequence ids that hold cached prefixes", _ENG
     ),
+    Option(
+        "host_cache_mb", _nnint, 256, "host-memory tier for evicted prefix blocks (0: off)", _ENG
+    ),
+    Option("cache_dir", str, None, "directory the prefix cache is kept in across restarts", _ENG),
+    Option("cache_dir_mb", _nnint, 1024, "most the prefix cache writes to --cache-dir", _ENG),
     Option("queue_timeout", _nnfloat, 0.0, "seconds a request may wait for a slot (0: none)", _ENG),
     Option("request_timeout", _nnfloat, 0.0, "seconds a request may run in all (0: none)", _ENG),
     Option("timeline_keep", _nnint, 1000, "finished requests whose timeline is kept", _ENG),
@@ -210,6 +215,9 @@ class Config:
     policy: str
     prefix_cache: bool
     cache_seqs: int
+    host_cache_mb: int
+    cache_dir: str | None
+    cache_dir_mb: int
     tenant_weights: str
     srpt_aging: float
     drain_timeout: float
@@ -244,9 +252,17 @@ class Config:
         return _weight_map(self.tenant_weights)
 
     @property
+    def host_cache(self) -> bool:
+        """Whether evicted prefix blocks move to host memory (``engine/host_cache.py``)."""
+        return self.prefix_cache and self.host_cache_mb > 0
+
+    @property
     def n_seq_max(self) -> int:
-        """llama.cpp sequence ids: one per slot, plus the prefix cache's spare ones."""
-        return self.slots + (self.cache_seqs if self.prefix_cache else 0)
+        """llama.cpp sequence ids: one per slot, plus the prefix cache's spare ones, plus one
+        scratch id through which the host tier copies a block's cells out and back."""
+        if not self.prefix_cache:
+            return self.slots
+        return self.slots + self.cache_seqs + (1 if self.host_cache else 0)
 
     @property
     def engine_threads(self) -> int:
@@ -363,10 +379,13 @@ def conflict(config: Config, role: str | None = None) -> str:
     if c.n_seq_max > LLAMA_MAX_SEQ:
         if not c.prefix_cache:
             return f"--slots {c.slots} is more than llama.cpp's {LLAMA_MAX_SEQ} sequence ids"
+        scratch = " + 1 for --host-cache-mb" if c.host_cache else ""
         return (
-            f"--slots {c.slots} + --cache-seqs {c.cache_seqs} is more than llama.cpp's "
+            f"--slots {c.slots} + --cache-seqs {c.cache_seqs}{scratch} is more than llama.cpp's "
             f"{LLAMA_MAX_SEQ} sequence ids (--no-prefix-cache needs no --cache-seqs)"
         )
+    if c.cache_dir and not c.host_cache:
+        return "--cache-dir needs the host tier (--prefix-cache and --host-cache-mb above 0)"
     return ""
 
 

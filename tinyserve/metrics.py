@@ -133,6 +133,14 @@ SPECS: tuple[Spec, ...] = (
     _counter("tinyserve_prefix_cache_misses_total", "Lookups that found less than all "
              "blocks, by reason", ENGINE, "reason"),
     _counter("tinyserve_prefix_cache_evicted_blocks_total", "Cached blocks evicted", ENGINE),
+    _counter("tinyserve_prefix_cache_host_saved_blocks_total", "Evicted blocks whose KV was "
+             "copied to the host-memory tier", ENGINE),
+    _counter("tinyserve_prefix_cache_host_hit_tokens_total", "Hit tokens restored from the "
+             "host-memory tier into KV cells (part of hit_tokens)", ENGINE),
+    _counter("tinyserve_prefix_cache_host_restore_seconds_total", "Time spent restoring hits "
+             "from the host-memory tier", ENGINE),
+    _gauge("tinyserve_prefix_cache_host_bytes", "Bytes the host-memory tier holds (bounded by "
+           "--host-cache-mb)", ENGINE, _ENGINE_GAUGE),
 )  # fmt: skip
 
 

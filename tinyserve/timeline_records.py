@@ -83,6 +83,14 @@ class SharedPrefillWire(TypedDict):
     tokens: int  # prompt tokens copied (llama_memory_seq_cp), not prefilled by this one
 
 
+class HostRestoreWire(TypedDict):
+    """Prompt tokens of a prefix-cache hit that were in the host-memory tier, not in KV
+    cells, and were written back into cells at acceptance (part of prefix_reused_tokens)."""
+
+    tokens: int
+    ms: float
+
+
 class TimelineWire(TypedDict):
     """A whole timeline as the API returns it (``grammar`` only for constrained requests)."""
 
@@ -105,6 +113,7 @@ class TimelineWire(TypedDict):
     # were prefilled again because the request wanted their logprobs.
     shared_prefill: NotRequired[SharedPrefillWire]
     prefix_recomputed_tokens: NotRequired[int]
+    host_restore: NotRequired[HostRestoreWire]  # only when the host tier served part of a hit
 
 
 def read_wire(timeline: Mapping[str, Any]) -> TimelineWire:

@@ -9,6 +9,7 @@ import pytest
 
 from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
+from tinyserve.engine.host_cache import ROOT, HostBlock, HostCache, chain_keys
 from tinyserve.engine.prefix_cache import MISS_EVICTED, MISS_NO_MATCH, MISS_SHORT
 from tinyserve.engine.runtime import LlamaRuntime
 
@@ -143,7 +144,7 @@ def test_kv_pressure_evicts_old_prefixes_and_still_serves(
 def test_running_out_of_spare_sequences_evicts_the_oldest(
     runtime: LlamaRuntime, tokenize: Tokenize
 ) -> None:
-    d = cached_driver(runtime, cache_seqs=2)
+    d = cached_driver(runtime, cache_seqs=2, host_cache_mb=0)  # else it comes back from host
     prompts = [tokenize(f"Question {i}? " + "Please explain in detail. " * 6) for i in range(4)]
     for prompt in prompts:
         run(d, prompt)
@@ -186,3 +187,97 @@ def assert_idle(d: Driver) -> None:
     assert blocks.cached + blocks.free == blocks.total
     assert d.core.cache is not None
     assert blocks.cached == d.core.cache.tree.n_nodes
+
+
+# -- the host-memory tier ----------------------------------------------------------------------
+
+
+def evict_everything(d: Driver) -> None:
+    cache = d.core.cache
+    assert cache is not None and cache.host is not None
+    assert cache.make_room(d.core.blocks.total)
+    assert cache.tree.n_nodes == 0 and d.core.blocks.cached == 0
+
+
+def test_a_prefix_evicted_to_host_memory_hands_over_the_same_prediction(
+    runtime: LlamaRuntime, tokenize: Tokenize, reference: dict[int, float]
+) -> None:
+    """Blocks evicted from the cells come back from host memory, with the prediction of a
+    cold one-piece prefill (same split after the cached blocks, as the in-cells test)."""
+    d = cached_driver(runtime)
+    earlier, question = (
+        tokenize(chat("What is the capital of France?")),
+        tokenize(chat("Name three rivers in Europe.")),
+    )
+    run(d, earlier)
+    evict_everything(d)
+    rid = run(d, question, logprobs=20)
+    shared = next(i for i, (a, b) in enumerate(zip(earlier, question, strict=False)) if a != b)
+    assert d.final(rid).cached_tokens == shared // 16 * 16 > 0
+    timeline = d.finishes[rid].timeline
+    assert timeline.host_restore is not None
+    assert timeline.host_restore["tokens"] == shared // 16 * 16
+    assert same_prediction(reference, first_logprobs(d, rid))
+    assert_idle(d)
+
+
+def test_wrong_kv_from_host_memory_fails_the_same_check(
+    runtime: LlamaRuntime, tokenize: Tokenize, reference: dict[int, float]
+) -> None:
+    """The check above can fail through the host tier: the shifted prompt's KV filed under
+    the question's keys (what a key that ignored positions or tokens would do) is caught."""
+    d = cached_driver(runtime)
+    question = tokenize(chat("Name three rivers in Europe."))
+    shifted = question[:1] + tokenize("Note:")[1:2] + question[1:]
+    run(d, shifted)
+    evict_everything(d)
+    cache = d.core.cache
+    assert cache is not None and cache.host is not None
+    wrong = {b.depth: b for b in cache.host.blocks()}
+    cache.host = HostCache(cache.host.capacity, 16)
+    parent = ROOT
+    for depth, key in enumerate(chain_keys(question[: len(wrong) * 16], 16)):
+        cache.host.put(
+            HostBlock(
+                parent, tuple(question[depth * 16 : (depth + 1) * 16]), wrong[depth].kv, depth
+            )
+        )
+        parent = key
+    rid = run(d, question, logprobs=20)
+    assert d.final(rid).cached_tokens >= 64
+    assert not same_prediction(reference, first_logprobs(d, rid))
+
+
+def test_evict_restore_evict_restore_round_trips(runtime: LlamaRuntime, tokenize: Tokenize) -> None:
+    """A block restored from host memory and evicted again is not copied twice (it is still
+    there), and comes back again; the host tier stays within its bound throughout."""
+    d = cached_driver(runtime)
+    cache = d.core.cache
+    assert cache is not None and cache.host is not None
+    prompt = tokenize(chat("Tell me about Paris."))
+    outputs = []
+    for _ in range(3):
+        rid = run(d, prompt, max_tokens=4, temperature=0.0)
+        outputs.append(d.tokens(rid))
+        saved = cache.stats.host_saved_blocks
+        evict_everything(d)
+        assert cache.host.bytes <= cache.host.capacity
+    assert cache.stats.host_saved_blocks == saved  # the last evictions copied nothing new
+    assert cache.stats.host_hit_tokens == 2 * (len(prompt) - 1) // 16 * 16
+    assert outputs[1] == outputs[2]  # the same restored KV, the same split: the same tokens
+    assert_idle(d)
+
+
+def test_the_host_tier_keeps_to_its_bound_with_real_kv(
+    runtime: LlamaRuntime, tokenize: Tokenize
+) -> None:
+    d = cached_driver(runtime)
+    cache = d.core.cache
+    assert cache is not None and cache.host is not None
+    for i in range(5):
+        run(d, tokenize(f"Topic {i}: " + "the quick brown fox jumps over the lazy dog " * 6))
+        evict_everything(d)
+        if i == 0:  # a bound of a few real blocks (each ~370 kB: 16 tokens of 30 layers' K, V)
+            cache.host.capacity = 5 * next(cache.host.blocks()).size
+        assert 0 < cache.host.bytes <= cache.host.capacity
+    assert cache.host.dropped > 0

@@ -10,6 +10,7 @@ missing cell generates something else than the same request run alone would.
 from __future__ import annotations
 
 import ctypes
+import json
 import sys
 from collections import defaultdict
 from collections.abc import Iterator
@@ -151,6 +152,21 @@ class FakeRuntime:
         assert 0 <= seq_id < self.n_seq_max
         self.kv.seq_rm(seq_id, start, end)
 
+    def save_seq(self, seq_id: int) -> bytes:
+        """The cells ``seq_id`` sees, as llama.cpp's state data would hold them."""
+        cells = [(c.pos, c.token) for c in self.kv.cells if seq_id in c.seqs]
+        return json.dumps(cells).encode()
+
+    def load_seq(self, seq_id: int, data: bytes) -> bool:
+        """llama.cpp's ``set_data``: the sequence's cells dropped, then the saved ones put in
+        free cells for it alone; refused when there are not enough free cells."""
+        cells = json.loads(data)
+        self.kv.seq_rm(seq_id, -1, -1)
+        if len(self.kv.cells) + len(cells) > self.n_ctx:
+            return False
+        self.kv.cells += [Cell(pos, token, {seq_id}) for pos, token in cells]
+        return True
+
     def decode(self) -> int:
         rows = self._rows()
         error = self._invalid(rows) or self._no_room(rows)
@@ -215,7 +231,9 @@ class CachedEngine:
     cancels, and checks after each tick that the accounting, the radix tree and the KV cells
     agree and that every finished request generated what it would have alone."""
 
-    def __init__(self, cache_seqs: int, slots: int, ctx_blocks: int, max_queue: int) -> None:
+    def __init__(
+        self, cache_seqs: int, slots: int, ctx_blocks: int, max_queue: int, host_bytes: int = 0
+    ) -> None:
         config = build_config(
             {
                 "ctx": ctx_blocks * BLOCK,
@@ -225,12 +243,16 @@ class CachedEngine:
                 "block_size": BLOCK,
                 "max_queue": max_queue,
                 "cache_seqs": cache_seqs,
+                "host_cache_mb": 1 if host_bytes else 0,
                 "threads": 1,
             },
             environ={},
         )
         self.runtime = FakeRuntime(config.ctx, config.n_seq_max, config.max_batch_tokens)
         self.core = EngineCore(config, self.runtime, clock=lambda: 0)
+        if host_bytes:  # a bound of a few fake blocks (each ~300 bytes), not 1 MB
+            assert self.cache.host is not None
+            self.cache.host.capacity = host_bytes
         self.cache_seq_ids = range(slots, slots + cache_seqs)
         self.requests: dict[str, p.Submit] = {}
         self.outputs: dict[str, list[int]] = defaultdict(list)
@@ -296,6 +318,7 @@ class CachedEngine:
         self.check_tree()
         self.check_cache_seqs()
         self.check_requests()
+        self.check_host()
 
     def check_accounting(self) -> None:
         """Refcounts are the live requests holding a block; cached blocks are the tree's."""
@@ -335,6 +358,19 @@ class CachedEngine:
                 owned[cache.tree.owner(block)] |= set(range(end - BLOCK, end))
         for seq in self.cache_seq_ids:
             assert set(kv.view(seq)) == owned[seq], f"cache seq {seq}"
+
+    def check_host(self) -> None:
+        """The host tier is within its bound, each of its blocks holds its own tokens at its
+        own positions, and the scratch sequence is left with no cells."""
+        host = self.cache.host
+        if host is None:
+            return
+        assert self.runtime.kv.view(self.cache.scratch) == {}
+        assert host.bytes == sum(b.size for b in host.blocks()) <= host.capacity
+        for block in host.blocks():
+            start = block.depth * BLOCK
+            cells = dict(json.loads(block.kv))
+            assert cells == {start + i: t for i, t in enumerate(block.tokens)}, block
 
     def check_requests(self) -> None:
         """A running request's slot sees its own tokens at positions < n_past (handed over by
@@ -396,6 +432,26 @@ def test_every_cache_seq_pinned_when_a_copy_parks() -> None:
     engine.runtime.close()
 
 
+def test_an_evicted_prefix_comes_back_from_host_memory() -> None:
+    """A prompt's blocks evicted by others' come back from the host tier: the next turn
+    reuses them (and generates what it would alone: ``_finished`` checks), and the host tier
+    kept within its bound all along."""
+    engine = CachedEngine(cache_seqs=2, slots=1, ctx_blocks=8, max_queue=6, host_bytes=10**6)
+    first = [1, 2, 3, 1, 2, 3, 1, 2, 3]  # two full blocks before the last token
+    engine.submit(first, 3, seed=1, ignore_eos=True)
+    engine.run_to_idle()
+    for other in ([3, 3, 2] * 3, [2, 1, 3] * 3, [3, 1, 1] * 3, [1, 1, 2] * 3):
+        engine.submit(other, 4, seed=2, ignore_eos=True)  # fills the cells: evicts the first
+        engine.run_to_idle()
+    assert engine.cache.tree.match(first[:8]).n_tokens == 0, "the first prompt was not evicted"
+    assert engine.cache.stats.host_saved_blocks > 0
+    again = engine.submit([*first, 3, 3], 2, seed=3, ignore_eos=True)
+    engine.run_to_idle()
+    assert engine.finishes[again].cached_tokens == 2 * BLOCK
+    assert engine.cache.stats.host_hit_tokens == 2 * BLOCK
+    engine.runtime.close()
+
+
 # -- any interleaving --------------------------------------------------------------------------
 
 
@@ -405,10 +461,13 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     cache_seqs = 16
     max_queue = 6
+    host_bytes = 0
 
     @initialize(slots=st.integers(1, 3), ctx_blocks=st.sampled_from([8, 12, 24, 48]))
     def start(self, slots: int, ctx_blocks: int) -> None:
-        self.engine = CachedEngine(self.cache_seqs, slots, ctx_blocks, self.max_queue)
+        self.engine = CachedEngine(
+            self.cache_seqs, slots, ctx_blocks, self.max_queue, self.host_bytes
+        )
 
     def teardown(self) -> None:
         if hasattr(self, "engine"):
@@ -488,8 +547,15 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
 
 # With 16 cache sequences, every one is in use and pinned only with many requests waiting.
-@pytest.mark.parametrize(("cache_seqs", "max_queue"), [(1, 6), (2, 6), (16, 24)])
-def test_prefix_cache_under_any_interleaving(cache_seqs: int, max_queue: int) -> None:
-    limits = {"cache_seqs": cache_seqs, "max_queue": max_queue}
-    machine = type(f"Machine{cache_seqs}", (PrefixCacheMachine,), limits)
+# With a host tier: a bound of ~5 fake blocks (evictions push blocks out of it too), and one
+# that keeps everything (every evicted block can come back).
+@pytest.mark.parametrize(
+    ("cache_seqs", "max_queue", "host_bytes"),
+    [(1, 6, 0), (2, 6, 0), (16, 24, 0), (2, 6, 1500), (16, 24, 10**7)],
+)
+def test_prefix_cache_under_any_interleaving(
+    cache_seqs: int, max_queue: int, host_bytes: int
+) -> None:
+    limits = {"cache_seqs": cache_seqs, "max_queue": max_queue, "host_bytes": host_bytes}
+    machine = type(f"Machine{cache_seqs}_{host_bytes}", (PrefixCacheMachine,), limits)
     run_state_machine_as_test(machine, settings=SETTINGS)

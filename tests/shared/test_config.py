@@ -19,6 +19,11 @@ REFUSED = [
         {"slots": 257, "max_batch_tokens": 512, "prefix_cache": False},
         ["--slots 257", "256"],
     ),
+    (
+        {"slots": 240, "cache_seqs": 16, "max_batch_tokens": 240},
+        ["--slots 240", "--cache-seqs 16", "+ 1 for --host-cache-mb", "256"],
+    ),
+    ({"cache_dir": "/tmp/x", "host_cache_mb": 0}, ["--cache-dir", "--host-cache-mb"]),
 ]
 
 
@@ -35,9 +40,11 @@ def test_settings_that_cannot_work_are_refused(
 
 
 def test_settings_at_the_limits_are_taken() -> None:
-    at_limits = {"slots": 240, "cache_seqs": 16, "max_batch_tokens": 240, "block_size": 256}
+    at_limits = {"slots": 240, "cache_seqs": 15, "max_batch_tokens": 240, "block_size": 256}
     config = build_config({**at_limits, "ctx": 256}, environ={}, role=ENGINE)
-    assert config.n_seq_max == LLAMA_MAX_SEQ
+    assert config.n_seq_max == LLAMA_MAX_SEQ  # the host tier's scratch sequence is the 256th
+    no_host = {**at_limits, "cache_seqs": 16, "host_cache_mb": 0, "ctx": 256}
+    assert build_config(no_host, environ={}, role=ENGINE).n_seq_max == LLAMA_MAX_SEQ
     build_config({"slots": 256, "prefix_cache": False, "max_batch_tokens": 256}, environ={})
 
 
