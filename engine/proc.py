@@ -23,6 +23,7 @@ import zmq
 
 from tinyserve import metrics
 from tinyserve.config import ENGINE, Config, notify_socket, watchdog_interval_s
+from tinyserve.engine.cache_store import KeptCache
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.events import EventFeed
 from tinyserve.engine.meters import EngineMeter
@@ -109,6 +110,9 @@ class EngineProcess:
         # OpenTelemetry spans of finished requests; None: tracing off
         self.spans = SpanRecorder(self.tracing) if self.tracing.tracer else None
         self.core = EngineCore(config, self.runtime)
+        self.kept = KeptCache.open(config, self.runtime, self.core.cache)  # --cache-dir
+        if self.kept is not None:
+            self.kept.load()
         process_metrics = metrics.setup(config.runtime_dir, metrics.ENGINE)
         self.meter = EngineMeter(
             process_metrics, config.policy, config.slots, config.tenant_weight_map
@@ -181,6 +185,8 @@ class EngineProcess:
             for request_id in list(self.core.by_id):
                 self.core.cancel(request_id, FINISH_ERROR, detail, Cause.ENGINE)
             self._report(self.core.step())
+            if self.kept is not None:
+                self.kept.save()
         except Exception as exc:
             self._fail(exc)
 

@@ -1,0 +1,136 @@
+"""The host-memory tier and the prefix cache kept across restarts, on real nodes.
+
+A node with a small context (``--ctx 512``: 32 blocks) evicts a conversation's blocks while
+serving others; its next turn is then served from host memory. Stopped (SIGTERM), a node
+writes its cache to ``--cache-dir``; a node started on that directory serves the next turn
+from the KV it read, with the output of a node that never stopped; damaged files are skipped
+with a log line and the node serves as a cold one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from .node import Node, generate
+
+pytestmark = pytest.mark.integration
+
+FLAGS = ("--ctx", "512", "--cache-seqs", "4", "--frontends", "1")
+SYSTEM = (
+    "You are a careful assistant for a small museum of maritime history. Answer visitors' "
+    "questions about ships, harbours, lighthouses and navigation in two short sentences. "
+)
+TURN1 = f"{SYSTEM}\nVisitor: Why were lighthouses painted with stripes?\nGuide:"
+TURN2_USER = "\nVisitor: And how far could their light be seen?\nGuide:"
+
+
+def greedy(prompt: str, max_tokens: int = 12) -> dict[str, Any]:
+    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "timeline": True}
+
+
+async def ask(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as s:
+        status, reply = await generate(s, url, **body)
+    assert status == 200, reply
+    return reply  # type: ignore[no-any-return]
+
+
+def start(workdir: Path, *flags: str) -> Node:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return Node(workdir, *FLAGS, *flags, frontends=1).start()
+
+
+@pytest.fixture(scope="module")
+def cold_turn2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, Any]]]:
+    """What a node that never stopped answers: turn 1, then turn 2 from its cells."""
+    node = start(tmp_path_factory.mktemp("never_stopped"))
+    try:
+        first = asyncio.run(ask(node.url, greedy(TURN1)))
+        turn2 = TURN1 + first["text"] + TURN2_USER
+        second = asyncio.run(ask(node.url, greedy(turn2)))
+        assert second["usage"]["cached_tokens"] > 0
+        yield turn2, second
+    finally:
+        assert node.stop() == 0
+
+
+async def test_an_evicted_conversation_comes_back_from_host_memory(tmp_path: Path) -> None:
+    node = start(tmp_path)
+    try:
+        first = await ask(node.url, greedy(TURN1))
+        for i in range(8):  # 8 other conversations of ~8 blocks each: more than 32 blocks
+            await ask(node.url, greedy(f"Topic {i}. {SYSTEM * 2}\nVisitor: hello {i}\nGuide:", 4))
+        turn2 = TURN1 + first["text"] + TURN2_USER
+        second = await ask(node.url, greedy(turn2))
+        restore = second["timeline"].get("host_restore")
+        assert restore is not None, second["timeline"]
+        assert 0 < restore["tokens"] <= second["usage"]["cached_tokens"]
+        async with aiohttp.ClientSession() as s, s.get(node.url + "/metrics") as resp:
+            text = await resp.text()
+        hit = [
+            line
+            for line in text.splitlines()
+            if line.startswith("tinyserve_prefix_cache_host_hit_tokens_total")
+        ]
+        assert hit and float(hit[0].split()[-1]) >= restore["tokens"], hit
+    finally:
+        assert node.stop() == 0
+
+
+async def test_a_restarted_node_answers_from_the_kv_it_kept(
+    tmp_path: Path, cold_turn2: tuple[str, dict[str, Any]]
+) -> None:
+    turn2, expected = cold_turn2
+    cache_dir = tmp_path / "cache"
+    node = start(tmp_path / "before", "--cache-dir", str(cache_dir))
+    try:
+        first = await ask(node.url, greedy(TURN1))
+        assert TURN1 + first["text"] + TURN2_USER == turn2
+    finally:
+        assert node.stop() == 0
+    assert "prefix cache written" in node.log()
+    assert list(cache_dir.glob("prefix-*.bin"))
+    node = start(tmp_path / "after", "--cache-dir", str(cache_dir))
+    try:
+        second = await ask(node.url, greedy(turn2))
+    finally:
+        assert node.stop() == 0
+    assert second["usage"]["cached_tokens"] == expected["usage"]["cached_tokens"] > 0
+    assert second["timeline"]["host_restore"]["tokens"] == second["usage"]["cached_tokens"]
+    assert second["text"] == expected["text"]
+
+
+async def test_damaged_cache_files_are_skipped_and_the_node_serves(
+    tmp_path: Path, cold_turn2: tuple[str, dict[str, Any]]
+) -> None:
+    turn2, _ = cold_turn2
+    cache_dir = tmp_path / "cache"
+    node = start(tmp_path / "before", "--cache-dir", str(cache_dir))
+    try:
+        await ask(node.url, greedy(TURN1))
+    finally:
+        assert node.stop() == 0
+    [written] = cache_dir.glob("prefix-*.bin")
+    data = written.read_bytes()
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x40
+    written.write_bytes(bytes(flipped))
+    written.with_name(written.name.replace("-0000.bin", "-0001.bin")).write_bytes(data[:-100])
+    node = start(tmp_path / "after", "--cache-dir", str(cache_dir))
+    try:
+        second = await ask(node.url, greedy(turn2))
+    finally:
+        assert node.stop() == 0
+    skipped = [line for line in node.log().splitlines() if "prefix cache file skipped" in line]
+    assert len(skipped) == 2, skipped
+    assert any("checksum mismatch" in line for line in skipped)
+    assert any("truncated" in line for line in skipped)
+    assert second["usage"]["cached_tokens"] == 0  # nothing was read: prefilled cold
+    assert "host_restore" not in second["timeline"]
+    assert second["finish_reason"] in {"length", "stop"}
