@@ -126,8 +126,12 @@ class _CacheCounters:
 
     def catch_up(self, stats: CacheStats) -> None:
         seen = self._seen
-        if stats.lookups == seen.lookups and stats.evicted_blocks == seen.evicted_blocks:
-            return  # nothing looked up or evicted since the last pass
+        if (stats.lookups, stats.evicted_blocks, stats.host_bytes) == (
+            seen.lookups,
+            seen.evicted_blocks,
+            seen.host_bytes,
+        ):
+            return  # nothing looked up, evicted or read from disk since the last pass
         self._lookups.inc(stats.lookups - seen.lookups)
         self._lookup_tokens.inc(stats.lookup_tokens - seen.lookup_tokens)
         self._hit_tokens.inc(stats.hit_tokens - seen.hit_tokens)

@@ -114,12 +114,17 @@ class PrefixCache:
     def reset(self) -> None:
         """Drop every cached prefix: the blocks' cached flags (an unreferenced block becomes
         free), the cache sequences' cells, the tree. Pins stay with whoever holds them; the
-        counters carry on (metrics take them as increments)."""
+        counters carry on (metrics take them as increments). The host tier goes too: its
+        blocks were copied from cells the tree named, and the tree is what is in doubt."""
         for block in range(self.blocks.total):
             if self.blocks.is_cached(block):
                 self.blocks.set_cached(block, False)
         for seq in self.cache_seqs:
             self.runtime.forget(seq)
+        if self.host is not None:  # a copy through the scratch id may have failed halfway
+            self.runtime.forget(self.scratch)
+            self.host = HostCache(self.host.capacity, self.block_size)
+            self.stats.host_bytes = 0
         self.tree = RadixTree(self.block_size)
         self.spare_seqs = list(reversed(self.cache_seqs))
         self.seq_end.clear()

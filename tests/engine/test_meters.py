@@ -32,6 +32,7 @@ METERED = """
 import sys
 from tinyserve import metrics, protocol as p
 from tinyserve.engine.meters import EngineMeter
+from tinyserve.engine.prefix_cache import CacheStats
 from tinyserve.engine.report import *
 from tinyserve.engine.timeline import Timeline
 
@@ -52,9 +53,11 @@ busy = TickReport(
     rejections=[Rejection(p.REJECT_QUEUE_FULL, timeline("r6"))],
     batch=Batch(requests=3, tokens=40, prefill_tokens=38, decode_tokens=2, decode_s=0.05),
     generated=2,
+    cache=CacheStats(2, 64, 48, host_saved_blocks=3, host_hit_tokens=32, host_restore_ns=400_000),
 )
 meter.after_pass(busy)
-meter.after_pass(TickReport(Load(8, 0, 0, 64, 0, 5, 1.5)))
+later = CacheStats(3, 96, 64, host_saved_blocks=3, host_hit_tokens=48, host_restore_ns=600_000)
+meter.after_pass(TickReport(Load(8, 0, 0, 64, 0, 5, 1.5), cache=later))
 """
 
 
@@ -81,4 +84,8 @@ def test_after_pass_meters_what_the_report_says(tmp_path: Path) -> None:
     assert value("tinyserve_cached_prompt_tokens_total") == 16
     assert value("tinyserve_generation_tokens_total") == 2
     assert value("tinyserve_batch_tokens_sum") == 40
+    assert value("tinyserve_prefix_cache_hit_tokens_total") == 64  # running totals, not sums
+    assert value("tinyserve_prefix_cache_host_hit_tokens_total") == 48
+    assert value("tinyserve_prefix_cache_host_saved_blocks_total") == 3
+    assert abs(value("tinyserve_prefix_cache_host_restore_seconds_total") - 0.0006) < 1e-9
     # The process has exited: its live gauges are gone, so no gauge is checked here.

@@ -281,3 +281,19 @@ def test_the_host_tier_keeps_to_its_bound_with_real_kv(
             cache.host.capacity = 5 * next(cache.host.blocks()).size
         assert 0 < cache.host.bytes <= cache.host.capacity
     assert cache.host.dropped > 0
+
+
+def test_a_cache_reset_drops_the_host_tier_too(runtime: LlamaRuntime, tokenize: Tokenize) -> None:
+    """A reset means the tree and the cells were in doubt, and host blocks were copied from
+    the cells the tree named: they go as well, and the prompt is prefilled again."""
+    d = cached_driver(runtime)
+    cache = d.core.cache
+    assert cache is not None
+    prompt = tokenize(chat("Tell me about Paris."))
+    run(d, prompt)
+    evict_everything(d)
+    assert cache.host is not None and len(cache.host) > 0
+    cache.reset()
+    assert cache.host is not None and len(cache.host) == 0 and cache.stats.host_bytes == 0
+    assert d.final(run(d, prompt)).cached_tokens == 0
+    assert_idle(d)
