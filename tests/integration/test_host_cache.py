@@ -60,17 +60,24 @@ def cold_turn2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
         assert node.stop() == 0
 
 
-async def test_an_evicted_conversation_comes_back_from_host_memory(tmp_path: Path) -> None:
+async def test_an_evicted_conversation_comes_back_from_host_memory(
+    tmp_path: Path, cold_turn2: tuple[str, dict[str, Any]]
+) -> None:
+    """Its blocks evicted by eight other conversations, the next turn gets them back from
+    host memory: the same blocks as a node that kept them in cells, and the same text."""
+    turn2, expected = cold_turn2
     node = start(tmp_path)
     try:
         first = await ask(node.url, greedy(TURN1))
         for i in range(8):  # 8 other conversations of ~8 blocks each: more than 32 blocks
             await ask(node.url, greedy(f"Topic {i}. {SYSTEM * 2}\nVisitor: hello {i}\nGuide:", 4))
-        turn2 = TURN1 + first["text"] + TURN2_USER
+        assert TURN1 + first["text"] + TURN2_USER == turn2
         second = await ask(node.url, greedy(turn2))
         restore = second["timeline"].get("host_restore")
         assert restore is not None, second["timeline"]
         assert 0 < restore["tokens"] <= second["usage"]["cached_tokens"]
+        assert second["usage"]["cached_tokens"] == expected["usage"]["cached_tokens"]
+        assert second["text"] == expected["text"]
         async with aiohttp.ClientSession() as s, s.get(node.url + "/metrics") as resp:
             text = await resp.text()
         hit = [
