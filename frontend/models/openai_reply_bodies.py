@@ -27,6 +27,16 @@ class Usage(Reply):
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
 
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+        """The usage of these counts; ``cached_tokens``: prompt tokens the prefix cache served."""
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        )
+
 
 class CompletionLogprobs(Reply):
     """Each ``top_logprobs`` entry holds the alternatives and the chosen token. With ``echo``

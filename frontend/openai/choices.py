@@ -26,44 +26,21 @@ from typing import Any
 from aiohttp import web
 
 from tinyserve.frontend.http.appkeys import LINK, TOKENIZER
-from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.openai_reply_bodies import (
-    AssistantMessage,
-    ChatChoice,
-    ChatCompletion,
-    Completion,
-    CompletionChoice,
-    CompletionLogprobs,
-    PromptTokensDetails,
-    Usage,
-)
-from tinyserve.frontend.openai.openai_logprobs import (
-    chat_logprobs,
-    completion_logprobs,
-    echo_logprobs,
-    token_logprobs,
-)
+from tinyserve.frontend.models.openai_reply_bodies import Usage
+from tinyserve.frontend.openai.openai_logprobs import token_logprobs
 from tinyserve.frontend.openai.openai_reply import (
     DONE,
-    FINISH_REASONS,
+    Echo,
     Events,
     OpenAIReply,
+    collect_or_error,
     internal_error,
-    openai_finish_error,
 )
 from tinyserve.frontend.request import pipeline
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.record import RequestRecord, new_request_id
-from tinyserve.frontend.request.reply_common import (
-    LoadNow,
-    Output,
-    Reply,
-    collect,
-    sse_event,
-    write_sse,
-)
+from tinyserve.frontend.request.reply_common import LoadNow, Output, Reply, sse_event, write_sse
 from tinyserve.frontend.request.streams import Finish, Piece, RequestStream
-from tinyserve.frontend.structured import tool_calls
 
 
 @dataclass(frozen=True)
@@ -144,12 +121,10 @@ class _Collect:
     async def __call__(
         self, request: web.Request, stream: RequestStream, record: RequestRecord
     ) -> web.StreamResponse:
-        output = await collect(stream)
-        error = openai_finish_error(output.finish, request.app[LINK].load())
-        if error is not None:
-            error.request_id = record.request_id
-            self.error = error.response(openai=True)
-            return self.error
+        output = await collect_or_error(stream, record, request.app[LINK].load())
+        if isinstance(output, web.Response):
+            self.error = output
+            return output
         self.result = Result(output, record)
         return web.Response()  # for the record's status: the call's reply is written once
 
@@ -274,14 +249,8 @@ class _ChoiceEvents:
 
     def _usage(self) -> Usage:
         completion_tokens = sum(c.tokens for c in self._choices)
-        return Usage(
-            prompt_tokens=self._prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=self._prompt_tokens + completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(
-                cached_tokens=sum(f.cached_tokens for f in self._finishes)
-            ),
-        )
+        cached = sum(f.cached_tokens for f in self._finishes)
+        return Usage.of(self._prompt_tokens, completion_tokens, cached)
 
 
 async def _until_all_or_a_failure(
@@ -304,86 +273,42 @@ def _headers(served: list[Result]) -> dict[str, str]:
 
 def usage(results: list[Result], prompts: list[Prompt]) -> Usage:
     """Summed over the choices; each prompt's tokens once (its choices shared its prefill)."""
-    prompt_tokens = sum(len(p.ids) for p in prompts)
     completion_tokens = sum(r.output.tokens for r in results)
     cached = sum(r.output.finish.cached_tokens for r in results)
-    return Usage(
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=prompt_tokens + completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-    )
+    return Usage.of(sum(len(p.ids) for p in prompts), completion_tokens, cached)
 
 
-async def completion_reply(
+async def json_reply(
     request: web.Request,
     reply: OpenAIReply,
     choices: list[Choice],
     prompts: list[Prompt],
-    echo: bool,
+    echo: bool = False,
 ) -> web.Response:
+    """The choices in one JSON body once all were served, or the first failure's reply."""
     served = await serve(request, choices, prompts)
     if isinstance(served, web.Response):
         return served
-    leaders = {
-        c.prompt: r for c, r in zip(choices, served, strict=True) if not c.generation.fork_of
-    }
+    echoes: dict[int, Echo] = {}
     body_choices = []
     for choice, result in zip(choices, served, strict=True):
-        output = result.output
-        leader = leaders[choice.prompt]  # the prompt's logprobs came with its first choice
-        logprobs = await _completion_logprobs(
-            request, reply, prompts[choice.prompt], output, leader.output, echo
-        )
-        text = (prompts[choice.prompt].text if echo else "") + output.text
-        reason = FINISH_REASONS.get(output.finish.reason, "stop")
+        if echo and choice.prompt not in echoes:
+            assert not choice.generation.fork_of  # a prompt's first choice leads it (``plan``)
+            prompt = prompts[choice.prompt]
+            echoes[choice.prompt] = await _echo(request, reply, prompt, result.output)
         body_choices.append(
-            CompletionChoice(index=choice.index, text=text, logprobs=logprobs, finish_reason=reason)
+            await reply.choice(choice.index, result.output, echoes.get(choice.prompt))
         )
-    first = served[0].record
     total = usage(served, prompts)
-    body = Completion(**reply.envelope(first), choices=body_choices, usage=total)
-    return json_response(body, headers=_headers(served))
+    return reply.respond(served[0].record, body_choices, total, _headers(served))
 
 
-async def _completion_logprobs(
-    request: web.Request,
-    reply: OpenAIReply,
-    prompt: Prompt,
-    output: Output,
-    leader: Output,
-    echo: bool,
-) -> CompletionLogprobs | None:
-    generated = await reply.logprobs_of(output.token_ids, output.logprobs)
-    if generated is None:
-        return None
-    if not echo:
-        return completion_logprobs(generated, 0)
+async def _echo(request: web.Request, reply: OpenAIReply, prompt: Prompt, leader: Output) -> Echo:
+    """What ``echo`` puts before each choice of ``prompt``; the prompt's logprobs came with its
+    first choice, ``leader``."""
+    if reply.logprobs < 0:
+        return Echo(prompt.text)
     tokenizer = request.app[TOKENIZER]
     scored = await token_logprobs(tokenizer, prompt.ids[1:], leader.prompt_logprobs)
     [first] = await tokenizer.token_pieces(prompt.ids[:1])
-    return echo_logprobs(first, scored, generated)
-
-
-async def chat_reply(
-    request: web.Request, reply: OpenAIReply, choices: list[Choice], prompt: Prompt
-) -> web.Response:
-    served = await serve(request, choices, [prompt])
-    if isinstance(served, web.Response):
-        return served
-    body_choices = []
-    for choice, result in zip(choices, served, strict=True):
-        output = result.output
-        tokens = await reply.logprobs_of(output.token_ids, output.logprobs)
-        message = AssistantMessage(content=output.text)
-        reason = FINISH_REASONS.get(output.finish.reason, "stop")
-        if reply.tool_calls:  # each choice's text parsed as the single reply's would be
-            message, reason = tool_calls.reply_message(output.text, reason)
-        logprobs = None if tokens is None else chat_logprobs(tokens)
-        body_choices.append(
-            ChatChoice(index=choice.index, message=message, logprobs=logprobs, finish_reason=reason)
-        )
-    first = served[0].record
-    total = usage(served, [prompt])
-    body = ChatCompletion(**reply.envelope(first), choices=body_choices, usage=total)
-    return json_response(body, headers=_headers(served))
+    return Echo(prompt.text, first, tuple(scored))

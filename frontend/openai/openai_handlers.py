@@ -83,7 +83,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         prompt = choices.Prompt(prompt_ids, chat.text)
         if req.stream:
             return await choices.stream_reply(request, reply, plan, [prompt])
-        return await choices.chat_reply(request, reply, plan, prompt)
+        return await choices.json_reply(request, reply, plan, [prompt])
     return await pipeline.run(request, generation, reply, prompt_ids)
 
 
@@ -136,7 +136,7 @@ async def _complete(
     plan = choices.plan(generation, len(prompts), req.n)
     if req.stream:  # echo does not stream (the request's rule)
         return await choices.stream_reply(request, reply, plan, prompts)
-    return await choices.completion_reply(request, reply, plan, prompts, req.echo)
+    return await choices.json_reply(request, reply, plan, prompts, req.echo)
 
 
 async def _prompt(request: web.Request, prompt: str | list[int]) -> choices.Prompt:

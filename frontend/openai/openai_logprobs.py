@@ -9,6 +9,7 @@ character shows U+FFFD in ``token`` while ``bytes`` (chat) keeps its exact bytes
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
@@ -70,7 +71,7 @@ def completion_logprobs(tokens: list[TokenLogprob], text_offset: int) -> Complet
 
 
 def echo_logprobs(
-    first_token: bytes, prompt: list[TokenLogprob], generated: list[TokenLogprob]
+    first_token: bytes, prompt: Sequence[TokenLogprob], generated: list[TokenLogprob]
 ) -> CompletionLogprobs:
     """The completions format with ``echo``: the prompt's tokens (its first, ``first_token``,
     has no logprob), then the generated ones; offsets run through both from 0."""

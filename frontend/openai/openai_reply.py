@@ -37,7 +37,6 @@ from tinyserve.frontend.models.openai_reply_bodies import (
     CompletionChunk,
     CompletionChunkChoice,
     FinishReason,
-    PromptTokensDetails,
     ToolCallDelta,
     Usage,
 )
@@ -45,6 +44,7 @@ from tinyserve.frontend.openai.openai_logprobs import (
     TokenLogprob,
     chat_logprobs,
     completion_logprobs,
+    echo_logprobs,
     token_logprobs,
 )
 from tinyserve.frontend.request import admission
@@ -52,6 +52,7 @@ from tinyserve.frontend.request.admission import Load
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.reply_common import (
     LoadNow,
+    Output,
     collect,
     finish_error,
     sse_event,
@@ -82,6 +83,17 @@ class Surface:
 
 COMPLETIONS = Surface(False, "cmpl-")
 CHAT = Surface(True, "chatcmpl-")
+WholeChoice = CompletionChoice | ChatChoice
+
+
+@dataclass(frozen=True)
+class Echo:
+    """What ``echo`` puts before a completion: the prompt's text, and with logprobs its first
+    token (which has none) and the logprobs of the others."""
+
+    text: str
+    first_token: bytes = b""
+    tokens: tuple[TokenLogprob, ...] = ()
 
 
 def openai_finish_error(finish: Finish, load: Load | None) -> ApiError | None:
@@ -120,29 +132,47 @@ class OpenAIReply:
     async def _json(
         self, stream: RequestStream, record: RequestRecord, load: LoadNow
     ) -> web.Response:
-        output = await collect(stream)
-        error = openai_finish_error(output.finish, load())
-        if error is not None:
-            error.request_id = record.request_id
-            return error.response(openai=True)
+        output = await collect_or_error(stream, record, load())
+        if isinstance(output, web.Response):
+            return output
+        finish = output.finish
+        total = Usage.of(record.prompt_tokens_of(finish), output.tokens, finish.cached_tokens)
+        choice = await self.choice(0, output)
+        return self.respond(record, [choice], total, {"X-Request-Id": record.request_id})
+
+    async def choice(self, index: int, output: Output, echo: Echo | None = None) -> WholeChoice:
+        """The choice at ``index`` of a whole reply; a chat reply's text is parsed for tool
+        calls when the request offered tools."""
         tokens = await self.logprobs_of(output.token_ids, output.logprobs)
         reason = FINISH_REASONS.get(output.finish.reason, "stop")
-        envelope = self.envelope(record)
-        total = usage(record, output.finish, output.tokens)
-        body: Completion | ChatCompletion
         if self.surface.chat:
-            logprobs = None if tokens is None else chat_logprobs(tokens)
             message = AssistantMessage(content=output.text)
             if self.tool_calls:
                 message, reason = tool_calls.reply_message(output.text, reason)
-            choice = ChatChoice(message=message, logprobs=logprobs, finish_reason=reason)
-            body = ChatCompletion(**envelope, choices=[choice], usage=total)
-        else:
-            text_logprobs = None if tokens is None else completion_logprobs(tokens, 0)
-            text = output.text
-            one = CompletionChoice(text=text, logprobs=text_logprobs, finish_reason=reason)
-            body = Completion(**envelope, choices=[one], usage=total)
-        return json_response(body, headers={"X-Request-Id": record.request_id})
+            logprobs = None if tokens is None else chat_logprobs(tokens)
+            return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason=reason)
+        text_logprobs = None if tokens is None else completion_logprobs(tokens, 0)
+        text = output.text
+        if echo is not None:
+            text = echo.text + text
+            if tokens is not None:
+                text_logprobs = echo_logprobs(echo.first_token, echo.tokens, tokens)
+        return CompletionChoice(
+            index=index, text=text, logprobs=text_logprobs, finish_reason=reason
+        )
+
+    def respond(
+        self,
+        record: RequestRecord,
+        choices: list[Any],
+        total: Usage,
+        headers: dict[str, str],
+    ) -> web.Response:
+        """The whole reply: ``choices`` (the surface's ``WholeChoice``) in the envelope of
+        ``record`` (the first choice's)."""
+        body = ChatCompletion if self.surface.chat else Completion
+        reply = body(**self.envelope(record), choices=choices, usage=total)
+        return json_response(reply, headers=headers)
 
     def envelope(self, record: RequestRecord) -> dict[str, Any]:
         """The fields every reply and chunk carries around its choices."""
@@ -197,15 +227,16 @@ class OpenAIReply:
         return sse_event(to_json(body, exclude=None if self.include_usage else {"usage"}))
 
 
-def usage(record: RequestRecord, finish: Finish, completion_tokens: int) -> Usage:
-    """OpenAI's usage object; ``cached_tokens`` counts prompt tokens the prefix cache served."""
-    prompt_tokens = record.prompt_tokens_of(finish)
-    return Usage(
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=prompt_tokens + completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=finish.cached_tokens),
-    )
+async def collect_or_error(
+    stream: RequestStream, record: RequestRecord, load: Load | None
+) -> Output | web.Response:
+    """The whole output of ``stream``, or the error reply its finish maps to."""
+    output = await collect(stream)
+    error = openai_finish_error(output.finish, load)
+    if error is None:
+        return output
+    error.request_id = record.request_id
+    return error.response(openai=True)
 
 
 class Events:
@@ -295,7 +326,9 @@ class Events:
             )
         events.append(self._reply.chunk(record, None, None, reason, index=index))
         if self._reply.include_usage and self._own_usage:
-            events.append(self._reply.usage_chunk(record, usage(record, finish, self.tokens)))
+            prompt_tokens = record.prompt_tokens_of(finish)
+            total = Usage.of(prompt_tokens, self.tokens, finish.cached_tokens)
+            events.append(self._reply.usage_chunk(record, total))
         return events
 
 
