@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar, cast
 
+import annotated_types as at
 from aiohttp import web
 from pydantic import (
     AfterValidator,
@@ -135,6 +137,40 @@ def expect(phrase: str) -> WrapValidator:
     return WrapValidator(check)
 
 
+@dataclass(frozen=True)
+class Integer(at.GroupedMetadata):
+    """Bounds of an integer field (2.0 is 2), and the 400 that states them:
+    ``Annotated[int, Integer(1, 16)]``; no ``high``: no upper bound."""
+
+    low: int
+    high: int | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        yield at.Ge(self.low)
+        rule = f"an integer of at least {self.low}"
+        if self.high is not None:
+            yield at.Le(self.high)
+            rule = f"an integer between {self.low} and {self.high}"
+        yield from (INTEGRAL, expect(rule))
+
+
+@dataclass(frozen=True)
+class Number(at.GroupedMetadata):
+    """Bounds of a number field, and the 400 that states them:
+    ``Annotated[float, Number(0, 2)]``; ``above_low``: ``low`` itself is out."""
+
+    low: float
+    high: float
+    above_low: bool = False
+
+    def __iter__(self) -> Iterator[Any]:
+        low, high = self.low, self.high
+        if self.above_low:
+            yield from (at.Gt(low), at.Le(high), expect(f"a number in ({low}, {high}]"))
+        else:
+            yield from (at.Ge(low), at.Le(high), expect(f"a number between {low} and {high}"))
+
+
 def _error(type_: str, message: str, **ctx: Any) -> PydanticCustomError:
     # The message goes through the context: a template would read its braces as fields.
     return PydanticCustomError(type_, "{message}", {"message": message, **ctx})
@@ -215,17 +251,11 @@ def _described(info: Any) -> Any:
     return Field(info.default, description=info.description)
 
 
-def _bounded(low: int, limit: int) -> Any:
-    return Annotated[
-        int, Field(ge=low, le=limit), INTEGRAL, expect(f"an integer between {low} and {limit}")
-    ]
-
-
 @functools.cache
 def _limited(model: type[BaseModel], limit: int) -> type[BaseModel]:
     lows = {OUTPUT_LENGTH: 1, OUTPUT_LENGTH_OR_0: 0}
     fields: dict[str, Any] = {
-        name: (_bounded(lows[mark], limit) | None, _described(info))
+        name: (Annotated[int, Integer(lows[mark], limit)] | None, _described(info))
         for name, info in model.model_fields.items()
         for mark in lows
         if mark in info.metadata

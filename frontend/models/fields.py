@@ -9,7 +9,15 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
-from tinyserve.frontend.models.common import INTEGRAL, OUTPUT_LENGTH, Request, Text, expect
+from tinyserve.frontend.models.common import (
+    INTEGRAL,
+    OUTPUT_LENGTH,
+    Integer,
+    Number,
+    Request,
+    Text,
+    expect,
+)
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.protocol import SamplingParams
 
@@ -25,36 +33,26 @@ def _one_as_list(value: Any) -> Any:
 
 
 # A number of tokens to generate; null or absent: --default-max-tokens.
-OutputLength = Annotated[
-    Annotated[int, Field(ge=1), INTEGRAL, expect("an integer of at least 1")] | None,
-    OUTPUT_LENGTH,
-]
-Temperature = Annotated[float, Field(ge=0, le=2), expect("a number between 0 and 2")]
-TopP = Annotated[float, Field(gt=0, le=1), expect("a number in (0, 1]")]
+OutputLength = Annotated[Annotated[int, Integer(1)] | None, OUTPUT_LENGTH]
+Temperature = Annotated[float, Number(0, 2)]
+TopP = Annotated[float, Number(0, 1, above_low=True)]
 TopK = Annotated[
     int, Field(ge=0, le=TOP_K_MAX), INTEGRAL, expect(f"an integer between 0 (off) and {TOP_K_MAX}")
 ]
-Seed = Annotated[
-    int, Field(ge=0, le=SEED_MAX), INTEGRAL, expect(f"null or an integer between 0 and {SEED_MAX}")
-]
-Priority = Annotated[int, Field(ge=-10, le=10), INTEGRAL, expect("an integer between -10 and 10")]
+Seed = Annotated[int, Integer(0, SEED_MAX)]
+Priority = Annotated[int, Integer(-10, 10)]
 DEADLINE_MS_MAX = 3_600_000  # an hour
-DeadlineMs = Annotated[
-    int,
-    Field(ge=1, le=DEADLINE_MS_MAX),
-    INTEGRAL,
-    expect(f"null or an integer between 1 and {DEADLINE_MS_MAX}"),
-]
+DeadlineMs = Annotated[int, Integer(1, DEADLINE_MS_MAX)]
 Tenant = Annotated[
     str,
     Field(pattern=TENANT_PATTERN),
     expect("1 to 64 characters of A-Z, a-z, 0-9, '.', '_', '-'"),
 ]
-Penalty = Annotated[float, Field(ge=-2, le=2), expect("a number between -2 and 2")]
-Fraction = Annotated[float, Field(ge=0, le=1), expect("a number between 0 and 1")]
-TypicalP = Annotated[float, Field(gt=0, le=1), expect("a number in (0, 1]")]
-RepetitionPenalty = Annotated[float, Field(gt=0, le=10), expect("a number in (0, 10]")]
-MinTokens = Annotated[int, Field(ge=0), INTEGRAL, expect("an integer of at least 0")]
+Penalty = Annotated[float, Number(-2, 2)]
+Fraction = Annotated[float, Number(0, 1)]
+TypicalP = Annotated[float, Number(0, 1, above_low=True)]
+RepetitionPenalty = Annotated[float, Number(0, 10, above_low=True)]
+MinTokens = Annotated[int, Integer(0)]
 MAX_LOGIT_BIAS = 300  # entries
 LogitBias = Annotated[
     dict[

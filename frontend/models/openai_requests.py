@@ -23,6 +23,7 @@ from tinyserve.frontend.models.common import (
     INTEGRAL,
     OUTPUT_LENGTH_OR_0,
     Body,
+    Integer,
     OnlyDefault,
     Text,
     cross_field,
@@ -44,12 +45,8 @@ MAX_LOGPROBS = 5
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; /generate's is 0 (greedy)
 
 MAX_CHOICES = 16  # n, and prompts x n on /v1/completions
-ChoiceCount = Annotated[
-    int, Field(ge=1, le=MAX_CHOICES), INTEGRAL, expect(f"an integer between 1 and {MAX_CHOICES}")
-]
-LogprobCount = Annotated[
-    int, Field(ge=0, le=MAX_LOGPROBS), INTEGRAL, expect(f"an integer between 0 and {MAX_LOGPROBS}")
-]
+ChoiceCount = Annotated[int, Integer(1, MAX_CHOICES)]
+LogprobCount = Annotated[int, Integer(0, MAX_LOGPROBS)]
 ModelId = Annotated[Text, Field(min_length=1), expect("the id that GET /v1/models lists")]
 
 
@@ -147,10 +144,7 @@ Prompts = Annotated[
         f"{MAX_CHOICES} of either"
     ),
 ]
-OutputLengthOr0 = Annotated[
-    Annotated[int, Field(ge=0), INTEGRAL, expect("an integer of at least 0")] | None,
-    OUTPUT_LENGTH_OR_0,
-]
+OutputLengthOr0 = Annotated[Annotated[int, Integer(0)] | None, OUTPUT_LENGTH_OR_0]
 
 
 # echo comes back in one JSON reply only.
