@@ -146,12 +146,9 @@ class Integer(at.GroupedMetadata):
     high: int | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        yield at.Ge(self.low)
-        rule = f"an integer of at least {self.low}"
-        if self.high is not None:
-            yield at.Le(self.high)
-            rule = f"an integer between {self.low} and {self.high}"
-        yield from (INTEGRAL, expect(rule))
+        low, high = self.low, self.high
+        rule = f"of at least {low}" if high is None else f"between {low} and {high}"
+        yield from (at.Interval(ge=low, le=high), INTEGRAL, expect(f"an integer {rule}"))
 
 
 @dataclass(frozen=True)
@@ -166,9 +163,9 @@ class Number(at.GroupedMetadata):
     def __iter__(self) -> Iterator[Any]:
         low, high = self.low, self.high
         if self.above_low:
-            yield from (at.Gt(low), at.Le(high), expect(f"a number in ({low}, {high}]"))
+            yield from (at.Interval(gt=low, le=high), expect(f"a number in ({low}, {high}]"))
         else:
-            yield from (at.Ge(low), at.Le(high), expect(f"a number between {low} and {high}"))
+            yield from (at.Interval(ge=low, le=high), expect(f"a number between {low} and {high}"))
 
 
 def _error(type_: str, message: str, **ctx: Any) -> PydanticCustomError:
