@@ -11,7 +11,7 @@ copies its KV (``engine/forks.py``); with a seed, choice ``index`` samples with
 choices are cancelled.
 
 With ``stream`` (not with ``echo``), the choices' pieces go out as they come, each chunk one
-choice's delta at its ``index`` (``openai_reply.Events`` per choice), once every choice was
+choice's delta at its ``index`` (``openai_reply.StreamEvents``), once every choice was
 accepted (so a rejection is still an HTTP error); the usage chunk, when asked, sums them all.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,18 +29,16 @@ from tinyserve.frontend.http.appkeys import LINK, TOKENIZER
 from tinyserve.frontend.models.openai_reply_bodies import Usage
 from tinyserve.frontend.openai.openai_logprobs import token_logprobs
 from tinyserve.frontend.openai.openai_reply import (
-    DONE,
     Echo,
-    Events,
     OpenAIReply,
+    StreamEvents,
     collect_or_error,
-    internal_error,
 )
 from tinyserve.frontend.request import pipeline
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.record import RequestRecord, new_request_id
-from tinyserve.frontend.request.reply_common import LoadNow, Output, Reply, sse_event, write_sse
-from tinyserve.frontend.request.streams import Finish, Piece, RequestStream
+from tinyserve.frontend.request.reply_common import Output, Reply, write_sse
+from tinyserve.frontend.request.streams import Piece, RequestStream
 
 
 @dataclass(frozen=True)
@@ -175,12 +173,18 @@ async def stream_reply(
         await _until_accepted(tasks, forwards)
         records = [f.record for f in forwards if f.record is not None]
         load = request.app[LINK].load
-        events = _ChoiceEvents(reply, records, pieces, load, sum(len(p.ids) for p in prompts))
+        prompt_tokens = sum(len(p.ids) for p in prompts)
+        events = StreamEvents(reply, records, _queued(pieces), load, prompt_tokens)
         return await write_sse(request, records[0].request_id, events)
     finally:
         for task in tasks:
             task.cancel()  # ended, failed or the client left: none outlives the call
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _queued(pieces: asyncio.Queue[tuple[int, Piece]]) -> AsyncIterator[tuple[int, Piece]]:
+    while True:
+        yield await pieces.get()
 
 
 async def _until_accepted(
@@ -198,59 +202,6 @@ async def _until_accepted(
                     raise error
     finally:
         accepted.cancel()
-
-
-class _ChoiceEvents:
-    """The events of a stream of several choices: every choice's chunks as its pieces come,
-    then the summed usage (when asked) and ``[DONE]``; an error ends the whole stream."""
-
-    def __init__(
-        self,
-        reply: OpenAIReply,
-        records: list[RequestRecord],
-        pieces: asyncio.Queue[tuple[int, Piece]],
-        load: LoadNow,
-        prompt_tokens: int,
-    ) -> None:
-        self._reply = reply
-        self._records = records
-        self._pieces = pieces
-        self._prompt_tokens = prompt_tokens
-        self._choices = [
-            Events(reply, None, record, load, index=i, own_usage=False)
-            for i, record in enumerate(records)
-        ]
-        self._finishes: list[Finish] = []
-        self._done = False
-
-    async def events(self) -> AsyncGenerator[bytes, None]:
-        if self._reply.surface.chat:
-            for choice in self._choices:
-                yield choice.opening()
-        while len(self._finishes) < len(self._choices):
-            index, piece = await self._pieces.get()
-            choice = self._choices[index]
-            for event in await choice.take(piece):
-                yield event
-            if choice.failed:
-                break
-            if piece.finish is not None:
-                self._finishes.append(piece.finish)
-        else:
-            if self._reply.include_usage:
-                yield self._reply.usage_chunk(self._records[0], self._usage())
-        yield DONE
-        self._done = True
-
-    def failure_events(self) -> list[bytes]:
-        ended = all(c.ended for c in self._choices) or any(c.failed for c in self._choices)
-        ending = [] if ended else [sse_event(internal_error().openai_body())]
-        return ending + ([] if self._done else [DONE])
-
-    def _usage(self) -> Usage:
-        completion_tokens = sum(c.tokens for c in self._choices)
-        cached = sum(f.cached_tokens for f in self._finishes)
-        return Usage.of(self._prompt_tokens, completion_tokens, cached)
 
 
 async def _until_all_or_a_failure(

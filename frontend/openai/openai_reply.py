@@ -15,7 +15,7 @@ Finish reasons: ``stop`` and ``length`` as they are; ``timeout`` (request time l
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,7 +126,8 @@ class OpenAIReply:
     ) -> web.StreamResponse:
         load = request.app[LINK].load
         if record.generation.stream:
-            return await write_sse(request, record.request_id, Events(self, stream, record, load))
+            events = StreamEvents(self, [record], _only_choice(stream), load)
+            return await write_sse(request, record.request_id, events)
         return await self._json(stream, record, load)
 
     async def _json(
@@ -239,46 +240,21 @@ async def collect_or_error(
     return error.response(openai=True)
 
 
-class Events:
-    """The chunks of one streamed reply; also one choice's part of a stream of several
-    (``choices.py``: ``index``, and ``own_usage`` False as the usage is the call's)."""
+class ChoiceChunks:
+    """The chunks of one choice of a streamed reply, at its ``index``."""
 
     def __init__(
-        self,
-        reply: OpenAIReply,
-        stream: RequestStream | None,
-        record: RequestRecord,
-        load: LoadNow,
-        *,
-        index: int = 0,
-        own_usage: bool = True,
+        self, reply: OpenAIReply, record: RequestRecord, load: LoadNow, index: int = 0
     ) -> None:
         self._reply = reply
-        self._stream = stream
         self._record = record
         self._load = load
         self._index = index
-        self._own_usage = own_usage
         self.tokens = 0
         self._chars = 0  # text sent so far: where the next token's text_offset starts
-        self.ended = False  # the finish chunk or an error event went out
+        self.finish: Finish | None = None  # set once the finish chunk or an error event went out
         self.failed = False  # it was an error event
-        self._done = False
         self._held = tool_calls.HeldText() if reply.tool_calls else None
-
-    async def events(self) -> AsyncGenerator[bytes, None]:
-        assert self._stream is not None
-        if self._reply.surface.chat:
-            yield self.opening()
-        async for piece in self._stream.pieces():
-            for event in await self.take(piece):
-                yield event
-        yield DONE
-        self._done = True
-
-    def failure_events(self) -> list[bytes]:
-        ending = [] if self.ended else [_error_event(internal_error())]
-        return ending + ([] if self._done else [DONE])
 
     def opening(self) -> bytes:
         """A chat stream's first chunk: the assistant's role."""
@@ -293,7 +269,7 @@ class Events:
             events.append(delta)
         if piece.finish is not None:
             events += self._end(piece.finish)
-            self.ended = True
+            self.finish = piece.finish
         return events
 
     async def _delta(self, piece: Piece) -> bytes | None:
@@ -325,11 +301,64 @@ class Events:
                 self._reply.chunk(record, message.content, None, None, calls=calls, index=index)
             )
         events.append(self._reply.chunk(record, None, None, reason, index=index))
-        if self._reply.include_usage and self._own_usage:
-            prompt_tokens = record.prompt_tokens_of(finish)
-            total = Usage.of(prompt_tokens, self.tokens, finish.cached_tokens)
-            events.append(self._reply.usage_chunk(record, total))
         return events
+
+
+class StreamEvents:
+    """The events of a streamed reply of one choice or several (``choices.py``): every
+    choice's chunks as its pieces come, then the usage chunk when asked (summed over the
+    choices) and ``[DONE]``; an error ends the whole stream."""
+
+    def __init__(
+        self,
+        reply: OpenAIReply,
+        records: list[RequestRecord],
+        pieces: AsyncIterator[tuple[int, Piece]],
+        load: LoadNow,
+        prompt_tokens: int | None = None,
+    ) -> None:
+        self._reply = reply
+        self._records = records
+        self._pieces = pieces  # (choice index, piece)
+        self._prompt_tokens = prompt_tokens  # None: the one choice's record says
+        self._choices = [ChoiceChunks(reply, r, load, i) for i, r in enumerate(records)]
+        self._done = False
+
+    async def events(self) -> AsyncGenerator[bytes, None]:
+        if self._reply.surface.chat:
+            for choice in self._choices:
+                yield choice.opening()
+        async for index, piece in self._pieces:
+            choice = self._choices[index]
+            for event in await choice.take(piece):
+                yield event
+            if choice.failed:
+                break
+            if all(c.finish is not None for c in self._choices):
+                if self._reply.include_usage:
+                    yield self._reply.usage_chunk(self._records[0], self._usage())
+                break
+        yield DONE
+        self._done = True
+
+    def failure_events(self) -> list[bytes]:
+        choices = self._choices
+        ended = all(c.finish is not None for c in choices) or any(c.failed for c in choices)
+        ending = [] if ended else [_error_event(internal_error())]
+        return ending + ([] if self._done else [DONE])
+
+    def _usage(self) -> Usage:
+        finishes = [c.finish for c in self._choices if c.finish is not None]
+        prompt_tokens = self._prompt_tokens
+        if prompt_tokens is None:
+            prompt_tokens = self._records[0].prompt_tokens_of(finishes[0])
+        completion_tokens = sum(c.tokens for c in self._choices)
+        return Usage.of(prompt_tokens, completion_tokens, sum(f.cached_tokens for f in finishes))
+
+
+async def _only_choice(stream: RequestStream) -> AsyncIterator[tuple[int, Piece]]:
+    async for piece in stream.pieces():
+        yield 0, piece
 
 
 def _error_event(error: ApiError) -> bytes:
