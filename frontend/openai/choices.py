@@ -18,6 +18,7 @@ accepted (so a rejection is still an HTTP error); the usage chunk, when asked, s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -132,13 +133,8 @@ async def serve(
 ) -> list[Result] | web.Response:
     """Run every choice at once; their results in order, or the first failure's reply."""
     collectors = [_Collect() for _ in choices]
-    tasks = _start(request, choices, prompts, collectors)
-    try:
+    async with _running(request, choices, prompts, collectors) as tasks:
         await _until_all_or_a_failure(tasks, collectors)
-    finally:
-        for task in tasks:
-            task.cancel()  # after a failure: the others end (and are cancelled in the engine)
-        await asyncio.gather(*tasks, return_exceptions=True)
     for task, collector in zip(tasks, collectors, strict=True):
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]  # an ApiError: the call's reply
@@ -147,12 +143,15 @@ async def serve(
     return [c.result for c in collectors if c.result is not None]
 
 
-def _start(
+@contextlib.asynccontextmanager
+async def _running(
     request: web.Request, choices: list[Choice], prompts: list[Prompt], replies: Sequence[Reply]
-) -> list[asyncio.Task[web.StreamResponse]]:
+) -> AsyncIterator[list[asyncio.Task[web.StreamResponse]]]:
+    """Every choice through the pipeline, a task each; none outlives the block (ended,
+    failed, or the client left: the rest are cancelled, and so are their engine requests)."""
     # NOTE: tasks start in order and each submits before its first await, so a prompt's
     # first choice reaches the engine before the choices that copy its prefill.
-    return [
+    tasks = [
         asyncio.create_task(
             pipeline.run(
                 request, c.generation, reply, prompts[c.prompt].ids, request_id=c.request_id
@@ -160,6 +159,12 @@ def _start(
         )
         for c, reply in zip(choices, replies, strict=True)
     ]
+    try:
+        yield tasks
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def stream_reply(
@@ -168,18 +173,13 @@ async def stream_reply(
     """The choices as one event stream, once every one of them was accepted."""
     pieces: asyncio.Queue[tuple[int, Piece]] = asyncio.Queue()
     forwards = [_Forward(c.index, pieces) for c in choices]
-    tasks = _start(request, choices, prompts, forwards)
-    try:
+    async with _running(request, choices, prompts, forwards) as tasks:
         await _until_accepted(tasks, forwards)
         records = [f.record for f in forwards if f.record is not None]
         load = request.app[LINK].load
         prompt_tokens = sum(len(p.ids) for p in prompts)
         events = StreamEvents(reply, records, _queued(pieces), load, prompt_tokens)
         return await write_sse(request, records[0].request_id, events)
-    finally:
-        for task in tasks:
-            task.cancel()  # ended, failed or the client left: none outlives the call
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _queued(pieces: asyncio.Queue[tuple[int, Piece]]) -> AsyncIterator[tuple[int, Piece]]:
