@@ -57,6 +57,7 @@ from tinyserve_native.kv_blocks import BlockAccountant
 log = logging.getLogger(__name__)
 
 DRAIN_WINDOW_S = 10.0
+QUEUED = (Status.WAITING, Status.BLOCKED)  # accepted, no slot yet: what --queue-timeout bounds
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class EngineCore:
         self.running: list[Sequence] = []  # in slot-grant order: earlier prefills go first
         self.samplers: dict[int, Sampler] = {}  # by slot
         self.by_id: dict[str, Sequence] = {}
+        self.blocked: deque[Sequence] = deque()  # accepted, waiting for KV blocks, in order
         self.drafts = TickDrafts()
         self.tick = 0
         self.draining = False
@@ -107,7 +109,8 @@ class EngineCore:
     # -- inputs between ticks ---------------------------------------------------------------
 
     def submit(self, request: Submit) -> None:
-        """Accept ``request`` (reserving its worst-case KV blocks) or reject it at once."""
+        """Accept ``request`` (reserving its worst-case KV blocks, or queueing it until they
+        free up) or reject it at once."""
         if request.request_id in self.by_id:
             log.warning("duplicate request id ignored", extra=fields(id=request.request_id))
             return
@@ -118,9 +121,15 @@ class EngineCore:
         seq = Sequence(request, [], 0, status=Status.NEW, policy_name=self.policy.name)
         self.by_id[request.request_id] = seq  # from here a failure ends it like any request
         with self._serving(seq, "accepting it"):
-            self._accept(seq)
+            # First come, first served for blocks: nobody passes a request that waits for them.
+            if self.blocked or not self._reserve(seq):
+                seq.status, seq.blocked_ns = Status.BLOCKED, self.clock()
+                self.blocked.append(seq)
+            self.drafts.accepted(request)
 
-    def _accept(self, seq: Sequence) -> None:
+    def _reserve(self, seq: Sequence) -> bool:
+        """Reserve ``seq``'s blocks and queue it for a slot; False (holding nothing) when the
+        free and evictable blocks are not enough now."""
         request = seq.request
         leader = forks.leader_of(seq, self.by_id)
         if leader is not None:
@@ -131,18 +140,28 @@ class EngineCore:
         own = self.blocks.blocks_for(seq.prompt_len + request.max_tokens) - len(seq.blocks)
         if not self._make_room(own):
             forks.unfollow(seq)
-            del self.by_id[request.request_id]
             self.blocks.release_all(seq.blocks)
-            self._reject(request, REJECT_KV_CACHE_FULL)
-            return
+            seq.blocks, seq.hit = [], NO_HIT
+            return False
         seq.blocks += self.blocks.allocate(own)
         self._arrivals += 1
         seq.order = self._arrivals
-        waiting = len(self.policy)
-        seq.timeline.accept(self.tick, self.clock(), own, self._grants, len(self.running), waiting)
+        now, waiting = self.clock(), len(self.policy)
+        kv_wait = now - seq.blocked_ns if seq.status is Status.BLOCKED else 0
+        seq.timeline.accept(self.tick, now, own, self._grants, len(self.running), waiting, kv_wait)
         self.policy.add(seq)
         seq.status = Status.WAITING
-        self.drafts.accepted(request)
+        return True
+
+    def _unblock(self) -> None:
+        """Requests waiting for KV blocks get them in arrival order, while there is room."""
+        while self.blocked:
+            seq = self.blocked[0]
+            with self._serving(seq, "reserving its blocks"):
+                if not self._reserve(seq):
+                    return
+            if self.blocked and self.blocked[0] is seq:  # reserved, or ended by a failure
+                self.blocked.popleft()
 
     def _look_up(self, seq: Sequence) -> None:
         assert self.cache is not None
@@ -162,8 +181,11 @@ class EngineCore:
             return REJECT_TOO_LONG
         if self.draining:
             return REJECT_DRAINING
-        if capacity.queue_full(len(self.policy), self.slots.count(None), self.config.max_queue):
-            return REJECT_QUEUE_FULL
+        waiting = len(self.policy) + len(self.blocked)
+        need = self.blocks.blocks_for(prompt + max_tokens)
+        short = bool(self.blocked) or need > self.blocks.available
+        if capacity.queue_full(waiting, self.slots.count(None), self.config.max_queue, short):
+            return REJECT_KV_CACHE_FULL if short else REJECT_QUEUE_FULL
         return ""
 
     def _reject(self, request: Submit, reason: str) -> None:
@@ -215,11 +237,17 @@ class EngineCore:
     def has_work(self) -> bool:
         return bool(self.by_id)
 
+    def queued(self) -> Iterator[Sequence]:
+        """Accepted requests without a slot: the policy's queue, then those short of blocks."""
+        yield from self.policy
+        yield from self.blocked
+
     def step(self) -> TickReport:
         """One tick: expire, admit, build one batch, decode it, sample, report."""
         now = self.clock()
         self._batch = None
         self._expire(now)
+        self._unblock()
         self._admit(now)
         batch = self._build_batch()
         if batch:
@@ -241,7 +269,7 @@ class EngineCore:
             due = due_ns(seq.request)
             if due is not None and now > due:
                 self._finish(seq, FINISH_DEADLINE_MISSED, cause=Cause.DEADLINE)
-            elif queue_ns and seq.status is Status.WAITING and age > queue_ns:
+            elif queue_ns and seq.status in QUEUED and age > queue_ns:
                 self._finish(seq, FINISH_QUEUE_TIMEOUT, cause=Cause.QUEUE_TIMEOUT)
             elif total_ns and age > total_ns:
                 self._finish(seq, FINISH_TIMEOUT, cause=Cause.REQUEST_TIMEOUT)
@@ -402,7 +430,9 @@ class EngineCore:
     ) -> None:
         """End ``seq``: free its slot and blocks, then report. Only a broken invariant of the
         engine (block accounting, policy state) raises here; a failing prefix cache does not."""
-        if seq.status is not Status.NEW:
+        if seq.status is Status.BLOCKED:
+            self.blocked.remove(seq)
+        elif seq.status is not Status.NEW:
             self.policy.remove(seq)
         forks.unfollow(seq)
         forks.release(seq)
@@ -563,7 +593,7 @@ class EngineCore:
         blocks = self.blocks
         return Load(
             self.tick,
-            len(self.policy),
+            len(self.policy) + len(self.blocked),
             len(self.running),
             blocks.total,
             blocks.used,

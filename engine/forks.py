@@ -29,7 +29,7 @@ def leader_of(seq: Sequence, by_id: Mapping[str, Sequence]) -> Sequence | None:
     leader = by_id.get(name) if name else None
     if leader is None or leader.request.prompt_ids != seq.request.prompt_ids:
         return None
-    if leader.status is Status.NEW or leader.leader is not None:
+    if leader.status in (Status.NEW, Status.BLOCKED) or leader.leader is not None:
         return None
     return leader
 

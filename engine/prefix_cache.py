@@ -164,7 +164,10 @@ class PrefixCache:
             self.blocks.acquire(block)
 
     def make_room(self, n_blocks: int) -> bool:
-        """Evict unreferenced cached blocks until ``n_blocks`` are free; False if impossible."""
+        """Evict unreferenced cached blocks until ``n_blocks`` are free; False, evicting
+        nothing, if even evicting them all would not do."""
+        if self.blocks.available < n_blocks:
+            return False
         while self.blocks.free < n_blocks:
             if not self._evict_one():
                 return False

@@ -216,7 +216,7 @@ class EngineProcess:
             return
         feed.observe(report, now)
         if feed.due(now):
-            update = feed.take(now, self.core.slots, self.core.policy, report.load)
+            update = feed.take(now, self.core.slots, self.core.queued(), report.load)
             self.outbox.send_multipart([FEED_TOPIC, encode(update)])
 
     def _fail(self, exc: Exception) -> NoReturn:

@@ -13,6 +13,7 @@ from tinyserve.protocol import Submit
 
 class Status(enum.Enum):
     NEW = "new"  # being accepted: holds only the blocks in ``blocks``, not in the policy yet
+    BLOCKED = "blocked"  # accepted, waiting for KV blocks to free up: holds none, no policy
     WAITING = "waiting"  # accepted, blocks reserved, no slot yet
     PREFILL = "prefill"  # holds a slot, prompt not fully in the KV cache
     DECODE = "decode"  # generating one token per tick
@@ -33,6 +34,7 @@ class Sequence:
     generated: int = 0
     output_ids: list[int] = field(default_factory=list)
     hit: Hit = NO_HIT  # prefix-cache blocks reused: the first entries of ``blocks``
+    blocked_ns: int = 0  # when it began to wait for KV blocks (Status.BLOCKED)
     stops: StopMatcher = field(init=False)
     timeline: Timeline = field(init=False)
     policy_name: str = ""

@@ -73,9 +73,16 @@ class Timeline:
     # -- recording ---------------------------------------------------------------------------
 
     def accept(
-        self, tick: int, now: int, blocks: int, grants: int, running: int, waiting: int
+        self,
+        tick: int,
+        now: int,
+        blocks: int,
+        grants: int,
+        running: int,
+        waiting: int,
+        kv_wait_ns: int = 0,
     ) -> None:
-        self.accepted = Accepted(tick, now, blocks, running, waiting)
+        self.accepted = Accepted(tick, now, blocks, running, waiting, kv_wait_ns)
         self.grants_at_accept = grants
         self._last_ns = now
 

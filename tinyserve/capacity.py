@@ -25,12 +25,15 @@ def fits_context(
     return prompt_tokens > 0 and total <= n_ctx and fits_blocks(total, block_size, blocks_total)
 
 
-def queued(waiting: int, free_slots: int) -> int:
+def queued(waiting: int, free_slots: int, short_of_blocks: bool = False) -> int:
     """Requests that would wait in the queue: those that a free slot takes at the engine's
-    next tick never do."""
-    return max(waiting - free_slots, 0)
+    next tick never do, unless the request is ``short_of_blocks`` (too few free and
+    evictable KV blocks for it now): then it waits for them whatever the slots."""
+    return max(waiting - (0 if short_of_blocks else free_slots), 0)
 
 
-def queue_full(waiting: int, free_slots: int, max_queue: int) -> bool:
+def queue_full(
+    waiting: int, free_slots: int, max_queue: int, short_of_blocks: bool = False
+) -> bool:
     """Whether one more request would find ``max_queue`` requests already queued."""
-    return queued(waiting, free_slots) >= max_queue
+    return queued(waiting, free_slots, short_of_blocks) >= max_queue

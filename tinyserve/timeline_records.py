@@ -29,6 +29,7 @@ class AcceptedWire(TypedDict):
     blocks: int
     running: int
     waiting: int
+    kv_wait_ms: NotRequired[float]  # only when it waited for KV blocks before this
 
 
 class QueueWire(TypedDict, total=False):
@@ -131,22 +132,27 @@ def slot_ms(timeline: Mapping[str, Any] | None) -> float | None:
 
 
 class Accepted(NamedTuple):
-    """The engine took the request: own blocks reserved, requests running and waiting then."""
+    """The engine took the request: own blocks reserved, requests running and waiting then,
+    and how long it waited for those blocks first (0: they were there)."""
 
     tick: int
     ns: int
     blocks: int
     running: int
     waiting: int
+    kv_wait_ns: int = 0
 
     def wire(self, arrival_ns: int) -> AcceptedWire:
-        return {
+        wire: AcceptedWire = {
             "tick": self.tick,
             "ms": ms(self.ns - arrival_ns),
             "blocks": self.blocks,
             "running": self.running,
             "waiting": self.waiting,
         }
+        if self.kv_wait_ns:
+            wire["kv_wait_ms"] = ms(self.kv_wait_ns)
+        return wire
 
 
 class SlotGrant(NamedTuple):

@@ -87,30 +87,33 @@ def admit(
     never = _never_fits(prompt_tokens, max_tokens, limits, max_prompt_tokens)
     if never is not None:
         return never
-    need = capacity.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
     if load.draining:
         return _draining(load)
-    # Requests that will find a free slot at the engine's next tick do not wait in its queue.
+    # A request waits in the engine's queue unless a free slot takes it at the next tick, and
+    # one that finds too few free KV blocks waits for them whatever the slots: either way,
+    # the queue's bound is what turns it away.
+    need = capacity.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
+    free = limits.blocks_total - load.blocks_used - load.pending_blocks
+    short = need > free
     free_slots = max(limits.slots - load.running, 0)
     waiting = load.waiting + load.pending_requests
-    if capacity.queue_full(waiting, free_slots, limits.max_queue):
-        queued = capacity.queued(waiting, free_slots)
-        ahead = queued - limits.max_queue + 1
-        return Rejection(
-            503,
-            protocol.REJECT_QUEUE_FULL,
-            f"{queued} requests are queued (limit {limits.max_queue})",
-            retry_after_s(ahead, load.drain_rate),
-        )
-    free = limits.blocks_total - load.blocks_used - load.pending_blocks
-    if need > free:
+    if not capacity.queue_full(waiting, free_slots, limits.max_queue, short):
+        return None
+    queued = capacity.queued(waiting, free_slots, short)
+    if short:
         return Rejection(
             503,
             protocol.REJECT_KV_CACHE_FULL,
-            f"request needs {need} KV blocks; {max(free, 0)} are free",
+            f"request needs {need} KV blocks; {max(free, 0)} are free and "
+            f"{queued} requests are queued (limit {limits.max_queue})",
             retry_after_s(_requests_to_free(need - free, load), load.drain_rate),
         )
-    return None
+    return Rejection(
+        503,
+        protocol.REJECT_QUEUE_FULL,
+        f"{queued} requests are queued (limit {limits.max_queue})",
+        retry_after_s(queued - limits.max_queue + 1, load.drain_rate),
+    )
 
 
 def _never_fits(

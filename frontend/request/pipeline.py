@@ -71,9 +71,7 @@ async def _run(
         raise
 
 
-async def _prompt_ids(
-    request: web.Request, req: Generation, given: list[int] | None
-) -> list[int]:
+async def _prompt_ids(request: web.Request, req: Generation, given: list[int] | None) -> list[int]:
     """The prompt's token ids: tokenized here, or ``given`` and checked against the
     vocabulary; an empty prompt is a 400."""
     ack = request.app[LINK].ack

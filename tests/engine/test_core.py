@@ -186,16 +186,36 @@ def test_rejections(
     assert (final.finish_reason, final.detail) == (p.FINISH_REJECTED, reason)
 
 
-def test_kv_cache_full_rejects_what_does_not_fit_now(driver: Driver) -> None:
+def test_a_request_short_of_kv_blocks_waits_for_them_and_keeps_its_place(driver: Driver) -> None:
     total = driver.core.blocks.total * 16
     big = driver.submit(list(range(1, 200)), max_tokens=total - 200 - 16)
     late = driver.submit(list(range(1, 30)), max_tokens=8)
+    small = driver.submit(list(range(1, 5)), max_tokens=2)  # would fit, but comes after late
     driver.step()
-    assert driver.updates[big][0].accepted
-    assert (driver.final(late).detail) == p.REJECT_KV_CACHE_FULL
+    assert driver.updates[big][0].accepted and driver.updates[late][0].accepted
+    assert driver.core.blocks.free < driver.core.blocks.blocks_for(29 + 8)
+    assert [s.request_id for s in driver.core.blocked] == [late, small]
+    assert driver.core.load().waiting == 2
     driver.core.cancel(big)
-    driver.step()
-    assert driver.core.blocks.used == 0
+    driver.run()
+    assert driver.final(late).finish_reason == p.FINISH_LENGTH
+    assert driver.final(small).finish_reason == p.FINISH_LENGTH
+    accepted = driver.final(late).timeline["accepted"]  # type: ignore[index]
+    assert accepted["kv_wait_ms"] > 0
+    assert driver.core.blocks.used == 0 and not driver.core.blocked
+
+
+def test_a_full_queue_of_requests_short_of_blocks_is_kv_cache_full(runtime: LlamaRuntime) -> None:
+    d = Driver(EngineCore(core_config(max_queue=1), runtime))
+    total = d.core.blocks.total * 16
+    d.submit(list(range(1, 200)), max_tokens=total - 200 - 16)
+    d.submit(list(range(1, 30)), max_tokens=8)  # waits for blocks: the queue's one place
+    rid = d.submit(list(range(1, 30)), max_tokens=8)
+    d.step()
+    assert (d.final(rid).finish_reason, d.final(rid).detail) == (
+        p.FINISH_REJECTED,
+        p.REJECT_KV_CACHE_FULL,
+    )
 
 
 def test_cancel_frees_slot_and_blocks_within_one_tick(driver: Driver) -> None:

@@ -257,7 +257,9 @@ class CachedEngine:
         self.requests: dict[str, p.Submit] = {}
         self.outputs: dict[str, list[int]] = defaultdict(list)
         self.finishes: dict[str, p.RequestUpdate] = {}
-        self.could_not_fit: set[str] = set()  # may be rejected for room only if in here
+        # May be rejected for room only if in here: short of blocks (or behind others who are)
+        # when the queue was full.
+        self.could_not_fit: set[str] = set()
         self.history: list[list[int]] = []  # prompts, and prompts + outputs, to extend
 
     @property
@@ -270,10 +272,10 @@ class CachedEngine:
         request = p.Submit(f"r{len(self.requests)}", FRONTEND, prompt, sampling, max_tokens)
         self.requests[request.request_id] = request
         self.history.append(prompt)
-        self.core.submit(request)
         need = self.core.blocks.blocks_for(len(prompt) + max_tokens)
-        if self.core.blocks.free + self.core.blocks.cached < need:
+        if self.core.blocked or self.core.blocks.available < need:
             self.could_not_fit.add(request.request_id)
+        self.core.submit(request)
         return request.request_id
 
     def tick(self) -> None:

@@ -17,7 +17,7 @@ from .node import Node, generate, sse_events
 pytestmark = pytest.mark.integration
 
 BLOCK = 16
-CTX = 512  # 32 blocks: small enough that KV, not the queue, limits a burst
+CTX = 512  # 32 blocks: small enough that KV, not the slots, limits a burst
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,9 @@ async def wait_idle(board: Board, timeout: float = 10.0) -> None:
     raise AssertionError(f"engine not idle: {board.snapshot()}")
 
 
-async def test_burst_accepts_exactly_what_the_kv_math_allows(node: Node, board: Board) -> None:
+async def test_a_burst_beyond_the_kv_cache_waits_for_blocks(node: Node, board: Board) -> None:
+    """Never over-committed: at most ``fits`` requests hold blocks at once; the others wait
+    for blocks in the queue (64 places) and are all served."""
     prompt, max_tokens = "1, 2, 3, 4, 5,", 40
     async with aiohttp.ClientSession() as s:
         status, probe = await generate(s, node.url, prompt=prompt, max_tokens=1)
@@ -84,14 +86,8 @@ async def test_burst_accepts_exactly_what_the_kv_math_allows(node: Node, board: 
         watcher = asyncio.create_task(watch())
         results = await asyncio.gather(*(one() for _ in range(fits + 12)))
         watcher.cancel()
-    accepted = [body for status, body, _ in results if status == 200]
-    rejected = [(body, retry) for status, body, retry in results if status == 503]
-    assert len(accepted) == fits, Counter(status for status, _, _ in results)
-    assert len(rejected) == 12
-    for body, retry in rejected:
-        assert body["error"]["reason"] == "kv_cache_full"  # type: ignore[index]
-        assert retry is not None and int(retry) >= 1
-    assert all(body["finish_reason"] in {"length", "stop"} for body in accepted)
+    assert Counter(status for status, _, _ in results) == {200: fits + 12}
+    assert all(body["finish_reason"] in {"length", "stop"} for _, body, _ in results)
     assert peak == fits * need
     await wait_idle(board)
 

@@ -165,7 +165,8 @@ async def test_queue_full_is_rejected_before_the_engine(served: Client, engine: 
 async def test_kv_cache_full_is_rejected_before_the_engine(
     served: Client, engine: FakeEngine
 ) -> None:
-    engine.publish_load(blocks_used=31, running=1)
+    # Short of blocks, it would wait in the queue: refused when the queue is full.
+    engine.publish_load(blocks_used=31, running=1, waiting=MAX_QUEUE)
     response = await served.post("/generate", json={"prompt": "Hi", "max_tokens": BLOCK_SIZE})
     assert (await error_of(response, 503))["reason"] == "kv_cache_full"
     assert "Retry-After" in response.headers

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -70,18 +72,25 @@ def test_requests_bound_for_free_slots_do_not_count_as_queued() -> None:
     assert admit(10, 6, limits, load(running=4, waiting=2)) is not None
 
 
-def test_kv_cache_full_counts_used_and_pending_blocks() -> None:
-    # need = 2 blocks; free = 100 - 90 - 8 = 2: fits. One more pending block: does not.
-    assert admit(16, 16, LIMITS, load(blocks_used=90, pending_blocks=8)) is None
-    rejection = admit(16, 16, LIMITS, load(blocks_used=90, pending_blocks=9, running=3))
+def test_short_of_kv_blocks_queues_and_a_full_queue_is_kv_cache_full() -> None:
+    # need = 2 blocks; free = 100 - 90 - 8 = 2: fits. One more pending block: it waits for
+    # blocks in the queue, whose 8 places then count it whatever the free slots.
+    limits = Limits(block_size=16, blocks_total=100, max_queue=8, n_ctx=4096, slots=4)
+    assert admit(16, 16, limits, load(blocks_used=90, pending_blocks=8, waiting=8)) is None
+    short = load(blocks_used=90, pending_blocks=9, running=3)
+    assert admit(16, 16, limits, short) is None
+    assert admit(16, 16, limits, load(**{**asdict(short), "waiting": 7})) is None
+    rejection = admit(16, 16, limits, load(**{**asdict(short), "waiting": 8}))
     assert rejection is not None
     assert (rejection.status, rejection.reason) == (503, protocol.REJECT_KV_CACHE_FULL)
-    assert "1 are free" in rejection.message
+    assert "1 are free" in rejection.message and "8 requests are queued" in rejection.message
 
 
-def test_queue_full_is_checked_before_kv() -> None:
-    rejection = admit(16, 16, LIMITS, load(blocks_used=100, waiting=8))
+def test_a_full_queue_names_what_the_request_would_wait_for() -> None:
+    rejection = admit(16, 16, LIMITS, load(blocks_used=98, waiting=8))
     assert rejection is not None and rejection.reason == protocol.REJECT_QUEUE_FULL
+    rejection = admit(16, 16, LIMITS, load(blocks_used=100, waiting=8))
+    assert rejection is not None and rejection.reason == protocol.REJECT_KV_CACHE_FULL
 
 
 def test_draining_engine_takes_nothing() -> None:
@@ -121,10 +130,10 @@ def test_queue_full_retry_after_grows_with_the_queue_ahead() -> None:
 
 def test_kv_full_retry_after_counts_requests_that_must_finish() -> None:
     # 4 running requests hold all 100 blocks (25 each). Needing 31 blocks with none free means
-    # two must finish; the 2 waiting ones are served first: 4 requests at 2 per second.
-    rejection = admit(16 * 30, 16, LIMITS, load(blocks_used=100, running=4, waiting=2))
+    # two must finish; the 8 waiting ones are served first: 10 requests at 2 per second.
+    rejection = admit(16 * 30, 16, LIMITS, load(blocks_used=100, running=4, waiting=8))
     assert rejection is not None and rejection.reason == protocol.REJECT_KV_CACHE_FULL
-    assert rejection.retry_after == 2
+    assert rejection.retry_after == 5
 
 
 def test_engine_rejections_map_to_status() -> None:
@@ -150,10 +159,11 @@ def test_admitted_requests_fit(
     current = load(blocks_used=used, pending_blocks=pending, waiting=waiting, drain_rate=rate)
     rejection = admit(prompt, max_tokens, LIMITS, current)
     need = blocks_needed(prompt + max_tokens, LIMITS.block_size)
-    if rejection is None:
-        assert need <= LIMITS.blocks_total - used - pending
+    if rejection is None:  # no free slots (LIMITS.slots is 0): it queues, and there is room
         assert waiting < LIMITS.max_queue
     elif rejection.status == 503:
+        short = need > LIMITS.blocks_total - used - pending
+        assert rejection.reason == (protocol.REJECT_KV_CACHE_FULL if short else "queue_full")
         assert rejection.retry_after is not None
         assert RETRY_MIN_S <= rejection.retry_after <= RETRY_MAX_S
     else:
