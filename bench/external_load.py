@@ -54,9 +54,6 @@ FIGURES: dict[str, tuple[str, str]] = {
     "isl_mean": ("input_sequence_length", "avg"),
     "osl_mean": ("output_sequence_length", "avg"),
     "done": ("request_count", "avg"),
-    # How far the server's usage.prompt_tokens was from AIPerf's own count, in percent: the
-    # tokenizer check, repeated by the tool on every request.
-    "prompt_tok_diff_pct": ("usage_prompt_tokens_diff_pct", "avg"),
 }
 
 # Prompts for the tokenizer check: digits, punctuation, non-ASCII, whitespace, chat markup.
