@@ -70,7 +70,7 @@ def test_bad_grammar_or_dead_end_fails_that_request_only(
     broken = d.submit(prompt, grammar="root ::= undefined-rule")
     # The grammar ends after "yes." and only EOG may follow, which ignore_eos bans.
     dead_end = d.submit(prompt, max_tokens=16, grammar=YES_NO, ignore_eos=True)
-    fine = d.submit(prompt, max_tokens=4)
+    fine = d.submit(prompt, max_tokens=4, ignore_eos=True)  # its length whatever it samples
     d.run()
     assert d.final(broken).finish_reason == p.FINISH_ERROR
     assert "grammar" in d.final(broken).detail
