@@ -463,6 +463,12 @@ def main() -> None:
         "cache shared by all slots, as TinyServe's; by default each slot has ctx/slots cells)",
     )
     parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument(
+        "--name",
+        default="vs_llama_server",
+        help="the CSV's name in bench/results/ (no plot "
+        "unless it is the default: the plot draws the closed-loop sweep)",
+    )
     args = parser.parse_args()
 
     from tinyserve.model import resolve_model_path
@@ -493,8 +499,9 @@ def main() -> None:
     finally:
         for server in servers:
             server.stop()
-    print(f"\nwrote {write_csv('vs_llama_server', rows)}")
-    print(f"wrote {plot(rows)}")
+    print(f"\nwrote {write_csv(args.name, rows)}")
+    if args.name == "vs_llama_server":
+        print(f"wrote {plot(rows)}")
 
 
 if __name__ == "__main__":
