@@ -442,9 +442,15 @@ class EngineCore:
             # NOTE: after a failure (a failed decode included) the KV content may be wrong:
             # never cache it.
             if self.cache and reason != FINISH_ERROR:
-                self._park(seq)
+                self._quietly(
+                    seq,
+                    "caching its prefix",
+                    lambda c: c.park(seq.kv_tokens(), seq.blocks, seq.slot),
+                )
             self._free_slot(seq)
         self.blocks.release_all(seq.blocks)
+        if had_slot and self.cache:
+            self._quietly(seq, "bounding the cached blocks in cells", lambda c: c.trim())
         del self.by_id[seq.request_id]
         now = self.clock()
         seq.timeline.end(reason, detail, self.tick, now, seq.generated)
@@ -456,15 +462,16 @@ class EngineCore:
         self.drafts.finished(Finish(reason, cause, seq.prompt_len, cached, seq.timeline))
         self._finished_at.append(now)
 
-    def _park(self, seq: Sequence) -> None:
-        """Cache the full blocks ``seq``'s slot holds. The request was served in full whatever
+    def _quietly(self, seq: Sequence, what: str, call: Callable[[PrefixCache], object]) -> None:
+        """A cache step after ``seq`` finished. The request was served in full whatever
         happens here, so it keeps its finish; a cache failure (the cache is reset) is logged."""
         try:
             with self._cache_call() as cache:
-                cache.park(seq.kv_tokens(), seq.blocks, seq.slot)
+                call(cache)
         except RequestError as exc:
             log.warning(
-                "caching a finished request's prefix failed; the request keeps its finish",
+                "%s failed; the request keeps its finish",
+                what,
                 extra=fields(request_id=seq.request_id, error=f"{exc}: {exc.__cause__!r}"),
             )
 

@@ -85,9 +85,11 @@ class PrefixCache:
         cache_seqs: range,
         host: HostCache | None = None,
         scratch: int = -1,
+        max_cached: int = 0,
     ) -> None:
         assert host is None or scratch >= 0, "the host tier needs a scratch sequence id"
         self.runtime = runtime
+        self.max_cached = max_cached  # unreferenced blocks kept in cells (0: no bound)
         self.host = host
         self.scratch = scratch
         self.blocks = blocks
@@ -106,10 +108,11 @@ class PrefixCache:
         """The cache ``config`` asks for: ``--cache-seqs`` ids after the slots' and, with
         ``--host-cache-mb``, the host tier and the scratch id after those."""
         seqs = range(config.slots, config.slots + config.cache_seqs)
+        bound = -(-config.cache_cells // config.block_size)
         if not config.host_cache:
-            return cls(runtime, blocks, seqs)
+            return cls(runtime, blocks, seqs, max_cached=bound)
         host = HostCache(config.host_cache_mb * 2**20, config.block_size)
-        return cls(runtime, blocks, seqs, host, seqs.stop)
+        return cls(runtime, blocks, seqs, host, seqs.stop, bound)
 
     def reset(self) -> None:
         """Drop every cached prefix: the blocks' cached flags (an unreferenced block becomes
@@ -205,6 +208,21 @@ class PrefixCache:
             return self._adopt(full, block_ids[:n_full], known.block_ids, holder, slot)
         finally:
             self.blocks.release_all(known.block_ids)
+
+    def trim(self) -> int:
+        """Evict least recently used blocks until at most ``max_cached`` unreferenced ones
+        stay in cells (to host memory when there is a tier); returns how many went. Call
+        once the slot that parked is freed: its blocks count only then.
+
+        Why: llama.cpp attends over every cell up to the highest one in use, a parked prefix's
+        included, so cached blocks in cells make every decode step of every sequence longer
+        (the unified cache's span; ``docs/benchmarks.md``). A bounded number keeps that span
+        near what the running sequences need, and the host tier writes a block back for
+        ~0.3 ms against ~100x that to prefill it again."""
+        evicted = 0
+        while self.max_cached and self.blocks.cached > self.max_cached and self._evict_one():
+            evicted += 1
+        return evicted
 
     def _holder_for(self, known: Match) -> int:
         """A cache sequence id to hold the blocks after ``known``: the holder of the last

@@ -151,6 +151,13 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "host_cache_mb", _nnint, 256, "host-memory tier for evicted prefix blocks (0: off)", _ENG
     ),
+    Option(
+        "cache_cells",
+        _nnint,
+        1024,
+        "most KV cells cached prefixes idle in; the rest go to the host tier (0: no bound)",
+        _ENG,
+    ),
     Option("cache_dir", str, None, "directory the prefix cache is kept in across restarts", _ENG),
     Option("cache_dir_mb", _nnint, 1024, "most the prefix cache writes to --cache-dir", _ENG),
     Option("queue_timeout", _nnfloat, 0.0, "seconds a request may wait for a slot (0: none)", _ENG),
@@ -216,6 +223,7 @@ class Config:
     prefix_cache: bool
     cache_seqs: int
     host_cache_mb: int
+    cache_cells: int
     cache_dir: str | None
     cache_dir_mb: int
     tenant_weights: str

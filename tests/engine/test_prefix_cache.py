@@ -180,6 +180,37 @@ def test_cancelled_and_concurrent_requests_leave_accounting_idle(
     assert_idle(d)
 
 
+@pytest.mark.parametrize("host_cache_mb", [0, 16])
+def test_cache_cells_bounds_the_idle_blocks_left_in_cells(
+    runtime: LlamaRuntime, tokenize: Tokenize, host_cache_mb: int
+) -> None:
+    """``--cache-cells``: after each finish at most that many cells' worth of unreferenced
+    blocks stay in llama.cpp; the least recently used go (to host memory, when there is a
+    tier, from which a later request still gets them)."""
+    d = cached_driver(runtime, cache_cells=48, host_cache_mb=host_cache_mb)
+    cache = d.core.cache
+    assert cache is not None and cache.max_cached == 3
+    prompts = [tokenize(chat(f"Question number {i}?")) for i in range(3)]
+    for prompt in prompts:
+        run(d, prompt, max_tokens=8)
+        assert d.core.blocks.cached <= 3
+        assert_idle(d)
+    assert cache.stats.evicted_blocks > 0
+    again = run(d, prompts[0], max_tokens=8)
+    hit = d.final(again).cached_tokens
+    assert (hit > 48) == bool(host_cache_mb)  # the whole system prompt comes back from host
+    assert d.core.blocks.cached <= 3
+    assert_idle(d)
+
+
+def test_cache_cells_zero_keeps_every_block(runtime: LlamaRuntime, tokenize: Tokenize) -> None:
+    d = cached_driver(runtime, cache_cells=0)
+    for i in range(3):
+        run(d, tokenize(chat(f"Question number {i}?")), max_tokens=8)
+    assert d.core.cache is not None and d.core.cache.stats.evicted_blocks == 0
+    assert d.core.blocks.cached > 3  # what cache_cells=48 holds to in the test above
+
+
 def assert_idle(d: Driver) -> None:
     blocks = d.core.blocks
     assert not d.core.by_id and not d.core.running
