@@ -22,12 +22,13 @@ def raw_single(
     """For each prompt length: prefill seconds, then the mean seconds of one decode step."""
     import llama_cpp
 
+    from tinyserve.engine.runtime import model_params, repack_weights
     from tinyserve.model import resolve_model_path
 
     quiet = llama_cpp.llama_log_callback(lambda *_: None)  # kept alive for the whole run
     llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
     model = llama_cpp.llama_model_load_from_file(
-        str(resolve_model_path(None)).encode(), llama_cpp.llama_model_default_params()
+        str(resolve_model_path(None)).encode(), model_params(repack_weights("auto"))
     )
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = ctx, chunk, chunk

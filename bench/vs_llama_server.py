@@ -114,6 +114,7 @@ class Server:
 
 def start_llama_server(args: argparse.Namespace, model_path: Path) -> Server:
     from tests.integration.node import free_port
+    from tinyserve.engine.runtime import repack_weights
 
     port = free_port()
     log = open(BUILD / "llama-server.log", "w")  # noqa: SIM115 (closed by stop)
@@ -121,6 +122,7 @@ def start_llama_server(args: argparse.Namespace, model_path: Path) -> Server:
         str(llama_server_binary()), "-m", str(model_path), "--host", "127.0.0.1",
         "--port", str(port), "-t", str(args.threads), "-tb", str(args.threads),
         "-c", str(args.ctx), "-np", str(args.slots), "-b", "512", "-ub", "512",
+        *([] if repack_weights("auto") else ["--no-repack"]),  # weights loaded as ours are
         *args.llama_server_flag,
     ]  # fmt: skip
     env = {**os.environ, "LD_LIBRARY_PATH": str(Path(argv[0]).parent)}

@@ -444,13 +444,15 @@ class EngineCore:
             if self.cache and reason != FINISH_ERROR:
                 self._quietly(
                     seq,
-                    "caching its prefix",
+                    "caching a finished request's prefix",
                     lambda c: c.park(seq.kv_tokens(), seq.blocks, seq.slot),
                 )
             self._free_slot(seq)
         self.blocks.release_all(seq.blocks)
         if had_slot and self.cache:
-            self._quietly(seq, "bounding the cached blocks in cells", lambda c: c.trim())
+            self._quietly(
+                seq, "bounding a finished request's cached blocks in cells", lambda c: c.trim()
+            )
         del self.by_id[seq.request_id]
         now = self.clock()
         seq.timeline.end(reason, detail, self.tick, now, seq.generated)

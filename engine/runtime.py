@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ class RuntimeSpec:
     n_seq_max: int
     n_batch: int
     n_threads: int
+    repack: str = "auto"  # llama.cpp's weight repacking: "on", "off", or off where the CPU has AMX
 
     @classmethod
     def from_config(cls, config: Config) -> RuntimeSpec:
@@ -48,6 +50,7 @@ class RuntimeSpec:
             config.n_seq_max,
             config.max_batch_tokens,
             config.engine_threads,
+            config.repack,
         )
 
 
@@ -62,6 +65,36 @@ def _route_llama_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
 _LOG_CALLBACK = llama_cpp.llama_log_callback(_route_llama_log)
 
 
+def model_params(repack: bool) -> llama_cpp.llama_model_params:
+    """How llama.cpp loads the weights: on the CPU, repacked into its extra buffer types
+    (AMX, CPU_REPACK) only when ``repack``."""
+    params: llama_cpp.llama_model_params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = 0
+    params.use_extra_bufts = repack
+    return params
+
+
+def repack_weights(mode: str) -> bool:
+    """Whether to repack: ``on``/``off`` as given; ``auto`` repacks unless the CPU has AMX.
+    NOTE: with the weights repacked for AMX, the vendored llama.cpp's AMX matmul segfaults on
+    the first batch of more than one token (seen on this project's Xeon VMs with amx_tile;
+    llama.cpp issue 20824 reports the same crash, unfixed), which would end the engine."""
+    if mode != "auto":
+        return mode == "on"
+    if not cpu_has_amx():
+        return True
+    log.warning("weight repacking off: this CPU has AMX, whose kernels crash here (--repack on)")
+    return False
+
+
+def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return False
+    return re.search(r"^flags\s*:.*\bamx_tile\b", text, re.MULTILINE) is not None
+
+
 class LlamaRuntime:
     """The model, one context whose KV cells all sequences share, and one reusable batch."""
 
@@ -69,7 +102,7 @@ class LlamaRuntime:
         llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         self.spec = spec
-        self._model = self._load_model(spec.model_path)
+        self._model = self._load_model(spec.model_path, repack_weights(spec.repack))
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.eog_tokens = [t for t in range(self.n_vocab) if self.is_eog(t)]
@@ -91,11 +124,9 @@ class LlamaRuntime:
         )
 
     @staticmethod
-    def _load_model(path: Path) -> llama_cpp.llama_model_p:
-        params = llama_cpp.llama_model_default_params()
-        params.n_gpu_layers = 0
+    def _load_model(path: Path, repack: bool) -> llama_cpp.llama_model_p:
         model: llama_cpp.llama_model_p = llama_cpp.llama_model_load_from_file(
-            str(path).encode(), params
+            str(path).encode(), model_params(repack)
         )
         if not model:
             raise ModelNotFoundError(f"llama.cpp could not load model file: {path}")

@@ -133,6 +133,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_batch_tokens", _pint, 256, "token budget of one decode call", _ENG),
     Option("block_size", _pint, 16, "tokens per KV accounting block", _ENG),
     Option("threads", _nnint, 0, "llama.cpp threads (0: the CPUs this process may use)", _ENG),
+    Option(
+        "repack",
+        str,
+        "auto",
+        "llama.cpp's weight repacking (AMX, CPU_REPACK); auto: off where the CPU has AMX",
+        _ENG,
+        ("auto", "on", "off"),
+    ),
     Option("max_queue", _pint, 64, "waiting requests across the node before queue_full", _ALL),
     Option(
         "policy",
@@ -204,6 +212,7 @@ class Config:
     max_batch_tokens: int
     block_size: int
     threads: int
+    repack: str
     max_queue: int
     queue_timeout: float
     request_timeout: float

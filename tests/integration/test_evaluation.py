@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import requests
 
+from tinyserve.engine.runtime import model_params, repack_weights
 from tinyserve.model import resolve_model_path
 
 from .node import Node
@@ -58,14 +59,19 @@ def model(node: Node) -> str:
 @pytest.fixture(scope="module")
 def reference() -> Iterator[llama_cpp.Llama]:
     """The same model file, run directly by llama-cpp-python with logits for every row."""
-    llm = llama_cpp.Llama(
-        str(resolve_model_path(None)),
-        n_ctx=2048,
-        logits_all=True,
-        flash_attn=True,  # as the engine's context (llama.cpp's default "auto" picks it)
-        n_threads=1,
-        verbose=False,
-    )
+    # Llama() has no argument for it: its weights are loaded as the engine loads them
+    # (repacked or not, engine/runtime.py) through the defaults it starts from.
+    with pytest.MonkeyPatch.context() as patch:
+        engine_params = model_params(repack_weights("auto"))
+        patch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", lambda: engine_params)
+        llm = llama_cpp.Llama(
+            str(resolve_model_path(None)),
+            n_ctx=2048,
+            logits_all=True,
+            flash_attn=True,  # as the engine's context (llama.cpp's default "auto" picks it)
+            n_threads=1,
+            verbose=False,
+        )
     yield llm
     llm.close()
 
