@@ -34,6 +34,7 @@ class Result:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     seconds: float = 0.0
+    timeline: dict[str, Any] | None = None  # the engine's, when the request asked for it
 
 
 async def stream_request(
@@ -73,6 +74,7 @@ async def stream_request(
                 result.tokens = usage.get("completion_tokens", 0)
                 result.prompt_tokens = usage.get("prompt_tokens", 0)
                 result.cached_tokens = usage.get("cached_tokens", 0)
+                result.timeline = event.get("timeline")
     result.seconds = time.perf_counter() - sent
     return result
 

@@ -5,7 +5,11 @@ node with one slot (each prompt distinct, so the prefix cache cannot help): TTFT
 latency (ITL) p50 and total time as the client sees them. In the same run a child process
 drives the same model with bare ``llama_decode`` calls (same chunk size, same threads):
 prefill time of the same prompt length and the mean decode step. The overhead columns are
-the server's figure minus the bare one. Writes bench/results/single_request.csv and .png.
+the server's figure minus the bare one. Each request asks for its timeline, which splits its
+TTFT: the engine's ``llama_decode`` calls of the prompt (``engine_prefill_ms``, to set
+against the bare prefill), the engine's first-token stamp (``engine_first_ms``, from the
+frontend's arrival) and the rest, the way back to the client (``delivery_ms``). Writes
+bench/results/single_request.csv and .png.
 
     .venv/bin/python bench/single_request.py                          # 16..3500 tokens
     .venv/bin/python bench/single_request.py --prompts 16,512 --outputs 32 --reps 2  # short
@@ -35,13 +39,25 @@ from raw import in_subprocess
 
 
 async def measure(url: str, prompt: str, max_tokens: int) -> Result:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "timeline": True}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
         return await stream_request(session, url, body)
 
 
+def engine_split(results: list[Result]) -> dict[str, float]:
+    """Medians of what the timelines say: prefill decode time and the first-token stamp."""
+    timelines = [r.timeline for r in results if r.timeline]
+    prefill = [sum(c["decode_ms"] for c in t.get("prefill", [])) for t in timelines]
+    first = [t["first_token_ms"] for t in timelines if t.get("first_token_ms") is not None]
+    return {
+        "engine_prefill_ms": round(statistics.median(prefill), 1) if prefill else float("nan"),
+        "engine_first_ms": round(statistics.median(first), 1) if first else float("nan"),
+    }
+
+
 def row_of(target: int, out: int, results: list[Result], raw: dict[str, float]) -> dict[str, Any]:
     ttft = statistics.median(r.ttft for r in results if r.ttft is not None)
+    split = engine_split(results)
     gaps = [g for r in results for g in r.gaps]
     itl = percentile(gaps, 0.5)
     return {
@@ -51,6 +67,8 @@ def row_of(target: int, out: int, results: list[Result], raw: dict[str, float]) 
         "ttft_s": round(ttft, 4),
         "raw_prefill_s": round(raw["prefill_s"], 4),
         "ttft_overhead_ms": round((ttft - raw["prefill_s"]) * 1e3, 1),
+        **split,
+        "delivery_ms": round(ttft * 1e3 - split["engine_first_ms"], 1),
         "itl_p50_ms": round(itl * 1e3, 2),
         "raw_step_ms": round(raw["step_s"] * 1e3, 2),
         "itl_overhead_ms": round((itl - raw["step_s"]) * 1e3, 2),

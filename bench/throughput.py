@@ -28,22 +28,41 @@ from common import Result, percentile, start_node, stream_request, write_csv
 PROMPT = "Write a story about a robot who learns to paint. Once upon a time,"
 
 
-def raw_ceiling(batch: int, prompt_len: int, steps: int, threads: int, ctx: int) -> float:
-    """Generated tok/s of a bare loop: prefill ``batch`` prompts, then ``steps`` decode ticks."""
+def raw_ceiling(
+    batch: int,
+    prompt_len: int,
+    steps: int,
+    threads: int,
+    ctx: int,
+    unified: bool = True,
+    parked: int = 0,
+) -> float:
+    """Generated tok/s of a bare loop: prefill ``batch`` prompts, then ``steps`` decode ticks.
+
+    ``unified``: one pool of KV cells for all sequences (TinyServe's layout); otherwise
+    llama.cpp gives each sequence ``ctx / batch`` cells of its own (llama-server's default).
+    ``parked``: cells held first by one more sequence that never decodes, below the running
+    ones (as a parked prefix holds them in a unified cache); not timed."""
     import llama_cpp
 
+    from tinyserve.engine.runtime import model_params, repack_weights
     from tinyserve.model import resolve_model_path
 
     quiet = llama_cpp.llama_log_callback(lambda *_: None)  # kept alive for the whole run
     llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
-    mparams = llama_cpp.llama_model_default_params()
+    mparams = model_params(repack_weights("auto"))
     model = llama_cpp.llama_model_load_from_file(str(resolve_model_path(None)).encode(), mparams)
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = ctx, 512, 512
-    cparams.n_seq_max, cparams.kv_unified = max(batch, 1), True
+    cparams.n_seq_max = max(batch, 1) + (1 if parked else 0)
+    cparams.kv_unified = unified
     cparams.n_threads = cparams.n_threads_batch = threads
     lctx = llama_cpp.llama_init_from_model(model, cparams)
     lbatch = llama_cpp.llama_batch_init(512, 0, 1)
+    for start in range(0, parked, 512):
+        n = min(512, parked - start)
+        _fill(lbatch, [(1000 + i % 500, start + i, batch, False) for i in range(n)])
+        assert llama_cpp.llama_decode(lctx, lbatch) == 0
     samplers = [_greedy() for _ in range(batch)]
     started = time.perf_counter()
     prompt = [
