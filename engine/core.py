@@ -305,6 +305,12 @@ class EngineCore:
             with self._cache_call() as cache:
                 cache.attach(seq.hit, slot)
             seq.n_past = seq.timeline.prefix_tokens = seq.hit.n_tokens
+        # NOTE: a follower takes its leader's prompt cells, and a request that wants prompt
+        # logprobs prefills every position: neither reuses part of a block.
+        if self.cache and seq.leader is None and not prompt_logprobs.wanted(seq):
+            with self._cache_call() as cache:
+                seq.n_past += cache.attach_partial(seq.hit, seq.request.prompt_ids, slot)
+            seq.timeline.prefix_tokens = seq.n_past
         forks.on_grant(seq, self.runtime)
         if log.isEnabledFor(logging.DEBUG):
             self._log_grant(seq, rule)

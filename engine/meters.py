@@ -122,16 +122,18 @@ class _CacheCounters:
         self._host_hit = m.counter("tinyserve_prefix_cache_host_hit_tokens_total")
         self._host_restore = m.counter("tinyserve_prefix_cache_host_restore_seconds_total")
         self._host_bytes = m.gauge("tinyserve_prefix_cache_host_bytes")
+        self._partial = m.counter("tinyserve_prefix_cache_partial_tokens_total")
         self._seen = CacheStats()
 
     def catch_up(self, stats: CacheStats) -> None:
         seen = self._seen
-        if (stats.lookups, stats.evicted_blocks, stats.host_bytes) == (
+        if (stats.lookups, stats.evicted_blocks, stats.host_bytes, stats.partial_tokens) == (
             seen.lookups,
             seen.evicted_blocks,
             seen.host_bytes,
+            seen.partial_tokens,
         ):
-            return  # nothing looked up, evicted or read from disk since the last pass
+            return  # nothing looked up, evicted, read from disk or partly reused since
         self._lookups.inc(stats.lookups - seen.lookups)
         self._lookup_tokens.inc(stats.lookup_tokens - seen.lookup_tokens)
         self._hit_tokens.inc(stats.hit_tokens - seen.hit_tokens)
@@ -143,4 +145,5 @@ class _CacheCounters:
         self._host_hit.inc(stats.host_hit_tokens - seen.host_hit_tokens)
         self._host_restore.inc((stats.host_restore_ns - seen.host_restore_ns) / 1e9)
         self._host_bytes.set(stats.host_bytes)
+        self._partial.inc(stats.partial_tokens - seen.partial_tokens)
         self._seen = replace(stats, misses=Counter(stats.misses))

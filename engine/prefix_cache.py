@@ -75,6 +75,7 @@ class CacheStats:
     host_hit_tokens: int = 0  # of hit_tokens, those restored from host memory
     host_restore_ns: int = 0
     host_bytes: int = 0  # what the host tier holds now (a gauge, not a running total)
+    partial_tokens: int = 0  # reused from the start of a cached block after the hit's blocks
 
 
 class PrefixCache:
@@ -185,6 +186,24 @@ class PrefixCache:
             end = start + count * self.block_size
             self.runtime.share(owner, slot, start, end)
             start = end
+
+    def attach_partial(self, hit: Hit, prompt: Tokens[int], slot: int) -> int:
+        """Let ``slot`` also see the first tokens of the block after the hit, as many as a
+        block cached there starts with (less than a block: a whole one would be in the hit),
+        still leaving the prompt's last token to prefill; returns how many. Nothing is pinned:
+        llama.cpp frees a cell only when no sequence holds it, so the cells are the slot's
+        from here whatever the cache does with the block, and the slot's own blocks already
+        count that block whole (its remaining cells are the slot's to fill)."""
+        start = hit.n_tokens
+        end = min(start + self.block_size - 1, len(prompt) - 1)
+        if end <= start:
+            return 0
+        parent = hit.block_ids[-1] if hit.block_ids else -1
+        n, holder = self.tree.partial(parent, list(prompt[start:end]))
+        if n:
+            self.runtime.share(holder, slot, start, start + n)
+            self.stats.partial_tokens += n
+        return n
 
     def park(self, tokens: Tokens[int], block_ids: list[int], slot: int) -> int:
         """Keep the full blocks of ``tokens`` (what ``slot`` holds in the KV cache, block i

@@ -162,7 +162,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "cache_cells",
         _nnint,
-        1024,
+        256,
         "most KV cells cached prefixes idle in; the rest go to the host tier (0: no bound)",
         _ENG,
     ),

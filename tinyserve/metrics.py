@@ -139,6 +139,9 @@ SPECS: tuple[Spec, ...] = (
              "host-memory tier into KV cells (part of hit_tokens)", ENGINE),
     _counter("tinyserve_prefix_cache_host_restore_seconds_total", "Time spent restoring hits "
              "from the host-memory tier", ENGINE),
+    _counter("tinyserve_prefix_cache_partial_tokens_total", "Prompt tokens reused from the "
+             "start of a cached block after a request's whole-block hit (not in hit_tokens)",
+             ENGINE),
     _gauge("tinyserve_prefix_cache_host_bytes", "Bytes the host-memory tier holds (bounded by "
            "--host-cache-mb)", ENGINE, _ENGINE_GAUGE),
 )  # fmt: skip

@@ -64,6 +64,16 @@ class RadixTree:
         """Longest cached prefix of ``tokens`` in whole blocks (a trailing partial block is
         ignored); marks every node on it as just used.
         """
+    def partial(self, parent_block: int, tokens: list[int]) -> tuple[int, int]:
+        """The longest start of ``tokens`` that a block cached directly below ``parent_block``
+        (-1: the root) begins with, fewer than ``block_size`` tokens, and the sequence holding
+        that block's cells: ``(n_tokens, seq_id)``, ``(0, -1)`` when no child shares the first
+        token. Of children sharing as many, the most recently used. Marks nothing as used.
+        ``KeyError`` for a ``parent_block`` not in the tree.
+
+        For reusing part of the block after a full-block match: ``llama_memory_seq_cp(seq_id,
+        seq, start, start + n_tokens)`` where ``start`` is the match's length.
+        """
     def insert(self, tokens: list[int], block_ids: list[int], seq_id: int) -> list[int]:
         """Cache ``tokens``, whose KV cells ``seq_id`` holds from position 0.
 

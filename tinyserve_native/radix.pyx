@@ -69,6 +69,24 @@ cdef class RadixTree:
             len(path) * self._block_size, [(<_Node>n).block_id for n in path], deepest.seq_id
         )
 
+    def partial(self, long long parent_block, list tokens not None) -> tuple:
+        """The most of ``tokens`` (fewer than a block) that a block cached directly below
+        ``parent_block`` (-1: the root) starts with, and the sequence holding it."""
+        cdef _Node parent = self._root if parent_block == -1 else self._by_block[parent_block]
+        cdef Py_ssize_t limit = min(len(tokens), self._block_size - 1)
+        cdef Py_ssize_t best = 0, k
+        cdef long long owner = -1
+        cdef unsigned long long best_used = 0
+        cdef _Node child
+        for value in parent.children.values():
+            child = <_Node>value
+            k = 0
+            while k < limit and child.key[k] == tokens[k]:
+                k += 1
+            if k > best or (k == best and k > 0 and child.last_used > best_used):
+                best, owner, best_used = k, child.seq_id, child.last_used
+        return best, owner
+
     def insert(self, list tokens not None, list block_ids not None, long long seq_id) -> list:
         """Cache ``tokens`` (whole blocks) held by ``seq_id``; returns the tree's block ids."""
         return self._insert_below(self._root, tokens, block_ids, seq_id)

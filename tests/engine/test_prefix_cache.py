@@ -15,6 +15,7 @@ from tinyserve.engine.runtime import LlamaRuntime
 
 from .conftest import core_config
 from .test_core import Driver
+from .test_prompt_logprobs import submit as submit_scored
 
 Tokenize = Callable[[str], list[int]]
 
@@ -94,9 +95,65 @@ def test_shared_prefix_hands_over_the_same_prediction(
     rid = run(d, question, logprobs=20)
     final = d.final(rid)
     shared = next(i for i, (a, b) in enumerate(zip(earlier, question, strict=False)) if a != b)
-    assert final.cached_tokens == shared // 16 * 16 > 0  # every full block of the shared part
+    assert shared % 16  # the shared part ends inside a block: the test covers both kinds
+    # Every full block of the shared part, then the start of the block it ends in.
+    assert final.cached_tokens == shared
+    assert d.core.cache.stats.partial_tokens == shared % 16  # type: ignore[union-attr]
     assert d.finishes[rid].timeline.prefix_tokens == final.cached_tokens
     assert same_prediction(reference, first_logprobs(d, rid))
+
+
+def test_a_short_prompt_reuses_the_start_of_a_cached_block(
+    runtime: LlamaRuntime, tokenize: Tokenize
+) -> None:
+    # Two prompts shorter than a block that share their first words: no whole block to find,
+    # part of one to reuse (llama-server's slots reuse a common start this way too).
+    first, second = (
+        tokenize("Write a short story about a dragon. Once upon a time,"),
+        tokenize("Write a short story about a robot. Once upon a time,"),
+    )
+    shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=True)) if a != b)
+    assert 0 < shared < len(second) < 16
+    cold = Driver(EngineCore(core_config(prefix_cache=False), runtime))
+    expected = first_logprobs(cold, run(cold, second, logprobs=20))
+    d = cached_driver(runtime)
+    run(d, first, max_tokens=8)  # its first block (prompt and replies) is cached
+    rid = run(d, second, logprobs=20)
+    assert d.final(rid).cached_tokens == shared
+    assert same_prediction(expected, first_logprobs(d, rid))
+    assert_idle(d)
+
+
+def test_partial_reuse_survives_the_block_being_evicted(
+    runtime: LlamaRuntime, tokenize: Tokenize
+) -> None:
+    # The reused cells stay the slot's when the cached block they came from goes.
+    first = tokenize("Write a short story about a dragon. Once upon a time,")
+    second = tokenize("Write a short story about a robot. Once upon a time,")
+    cold = Driver(EngineCore(core_config(prefix_cache=False), runtime))
+    expected = cold.tokens(run(cold, second, max_tokens=12))
+    d = cached_driver(runtime)
+    run(d, first, max_tokens=8)
+    rid = d.submit(second, max_tokens=12)
+    d.step()  # granted and prefilled: the cells are shared now
+    assert d.core.by_id[rid].timeline.prefix_tokens > 0
+    cache = d.core.cache
+    assert cache is not None
+    assert cache.make_room(d.core.blocks.available)  # every cached block goes
+    assert cache.tree.n_nodes == 0
+    d.run()
+    assert d.tokens(rid) == expected
+    assert_idle(d)
+
+
+def test_no_partial_reuse_for_prompt_logprobs(runtime: LlamaRuntime, tokenize: Tokenize) -> None:
+    # Its prompt's every position needs logits: it prefills them all.
+    d = cached_driver(runtime)
+    run(d, tokenize("Write a short story about a dragon. Once upon a time,"), max_tokens=8)
+    submit_scored(d, "scored", tokenize("Write a short story about a robot."), 2, 1)
+    d.run()
+    assert d.final("scored").cached_tokens == 0
+    assert d.core.cache.stats.partial_tokens == 0  # type: ignore[union-attr]
 
 
 def test_a_wrong_reuse_fails_the_same_check(
@@ -130,7 +187,7 @@ def test_second_turn_reuses_every_full_block_of_the_first(
 def test_kv_pressure_evicts_old_prefixes_and_still_serves(
     runtime: LlamaRuntime, tokenize: Tokenize
 ) -> None:
-    d = cached_driver(runtime)
+    d = cached_driver(runtime, cache_cells=0)  # no bound: only pressure evicts
     total = d.core.blocks.total
     for i in range(8):
         run(d, tokenize(f"Topic {i}: " + "the quick brown fox jumps over the lazy dog " * 10))

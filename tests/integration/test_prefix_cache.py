@@ -53,7 +53,9 @@ async def test_same_prompt_twice_then_an_extension_keeps_the_engine_serving(node
         )
         assert status == 200, extended
         assert extended["finish_reason"] == "length", extended
-        assert extended["usage"]["cached_tokens"] == 16
+        # The shared block, then the start of the long one's next block: at least the rest
+        # of the prompt (25 tokens), never a whole second block (that would be a hit).
+        assert 25 <= extended["usage"]["cached_tokens"] < 32
         status, after = await generate(s, node.url, prompt="Once upon a time", max_tokens=4)
         assert status == 200, after
         async with s.get(node.url + "/ready") as resp:

@@ -205,6 +205,20 @@ class RefRadix:
         known = [self.nodes[key][0] for key in self._prefixes(above)]
         return self.insert(above + tokens, known + block_ids, seq_id)[len(known) :]
 
+    def partial(self, parent_block: int, tokens: list[int]) -> tuple[int, int]:
+        above = () if parent_block == -1 else self._key_of(parent_block)
+        best, owner, best_used = 0, -1, 0
+        for key, (_, seq_id, used) in self.nodes.items():
+            if len(key) != len(above) + self.bs or key[: len(above)] != above:
+                continue
+            block = key[len(above) :]
+            k = 0
+            while k < min(len(tokens), self.bs - 1) and block[k] == tokens[k]:
+                k += 1
+            if k > best or (k == best and k > 0 and used > best_used):
+                best, owner, best_used = k, seq_id, used
+        return best, owner
+
     def leaves_lru(self) -> list[int]:
         """Leaf block ids, least recently used first."""
         leaves = [node for key, node in self.nodes.items() if not self._has_children(key)]

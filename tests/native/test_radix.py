@@ -186,6 +186,23 @@ def test_a_sequence_may_extend_its_own_path_or_reinsert_a_prefix(tree: RadixTree
     assert tree.match([1, 2, 3, 4, 5, 6]).seq_id == 7
 
 
+def test_partial_finds_the_longest_start_of_a_block_below() -> None:
+    tree = RadixTree(4)
+    tree.insert([1, 2, 3, 4, 5, 6, 7, 8], [10, 11], 0)
+    tree.insert([1, 2, 3, 4, 5, 6, 9, 9], [10, 12], 1)
+    assert tree.partial(-1, [1, 2, 7]) == (2, 0)  # below the root: block [1, 2, 3, 4]
+    assert tree.partial(10, [5, 6, 7]) == (3, 0)
+    assert tree.partial(10, [5, 6, 9, 9, 9]) == (3, 1)  # never a whole block: that is a match
+    assert tree.partial(10, [5]) == (1, 1)  # a tie: the most recently used block's holder
+    tree.match([1, 2, 3, 4, 5, 6, 7, 8])
+    assert tree.partial(10, [5]) == (1, 0)
+    assert tree.partial(10, [8]) == (0, -1)
+    assert tree.partial(11, [1]) == (0, -1)  # a leaf has nothing below
+    assert tree.n_nodes == 3
+    with pytest.raises(KeyError):
+        tree.partial(99, [1])
+
+
 def test_block_size_must_be_positive() -> None:
     with pytest.raises(ValueError):
         RadixTree(0)
@@ -243,6 +260,11 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(tokens=TOKENS)
     def match(self, tokens: list[int]) -> None:
         self._both("match", tokens)
+
+    @rule(tokens=TOKENS, data=st.data())
+    def partial(self, tokens: list[int], data: st.DataObject) -> None:
+        in_tree = [node[0] for node in self.ref.nodes.values()]
+        self._both("partial", data.draw(st.sampled_from([-1, 99, *in_tree])), tokens)
 
     @rule(data=st.data())
     def pin_or_unpin(self, data: st.DataObject) -> None:
