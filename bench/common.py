@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -89,6 +90,17 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
+
+
+def in_fresh_process(module: str, function: str, *args: Any) -> Any:
+    """``module.function(*args)`` (a bench/ module) in a fresh interpreter, so that its
+    model, memory and threads are gone afterwards; its JSON result."""
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(ROOT / 'bench')!r}); "
+        f"import {module}; print(json.dumps({module}.{function}(*{args!r})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def write_csv(name: str, rows: list[dict[str, Any]]) -> Path:

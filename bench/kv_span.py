@@ -17,24 +17,15 @@ the layouts in rotating order over the rounds:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
-from common import write_csv
+from common import in_fresh_process, write_csv
 
 
 def run_in_subprocess(args: argparse.Namespace, unified: bool, parked: int) -> float:
     numbers = (args.batch, args.prompt_tokens, args.steps, args.threads, args.ctx, unified, parked)
-    code = (
-        f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-        f"import throughput as t; print(json.dumps(t.raw_ceiling{numbers}))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-    return float(json.loads(out.stdout.strip().splitlines()[-1]))
+    return float(in_fresh_process("throughput", "raw_ceiling", *numbers))
 
 
 def main() -> None:

@@ -6,12 +6,7 @@ afterwards."""
 from __future__ import annotations
 
 import ctypes
-import json
-import subprocess
-import sys
 import time
-from pathlib import Path
-from typing import Any
 
 from throughput import _fill, _greedy
 
@@ -62,13 +57,3 @@ def raw_single(
     llama_cpp.llama_free(lctx)
     llama_cpp.llama_model_free(model)
     return rows
-
-
-def in_subprocess(function: str, *args: Any) -> Any:
-    """``function(*args)`` of this module in a fresh interpreter; its JSON result."""
-    code = (
-        f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-        f"import raw; print(json.dumps(raw.{function}(*{args!r})))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])

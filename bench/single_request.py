@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 from common import (
     Result,
+    in_fresh_process,
     percentile,
     progress,
     prompt_of,
@@ -35,7 +36,6 @@ from common import (
     stream_request,
     wait_idle,
 )
-from raw import in_subprocess
 
 
 async def measure(url: str, prompt: str, max_tokens: int) -> Result:
@@ -128,7 +128,9 @@ def main() -> None:
     progress(f"bare llama_decode for prompts {lengths}")
     bare = {
         r["prompt"]: r
-        for r in in_subprocess("raw_single", lengths, max(outputs), args.threads, 4096, args.chunk)
+        for r in in_fresh_process(
+            "raw", "raw_single", lengths, max(outputs), args.threads, 4096, args.chunk
+        )
     }
     rows = [row_of(t, o, rs, bare[rs[0].prompt_tokens]) for (t, o), rs in measured.items()]
     report("single_request", rows)

@@ -13,17 +13,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
-import json
 import os
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import aiohttp
-from common import Result, percentile, start_node, stream_request, write_csv
+from common import (
+    Result,
+    in_fresh_process,
+    percentile,
+    start_node,
+    stream_request,
+    write_csv,
+)
 
 PROMPT = "Write a story about a robot who learns to paint. Once upon a time,"
 
@@ -103,13 +106,7 @@ def _fill(batch: Any, rows: list[tuple[int, int, int, bool]]) -> None:
 def ceiling_in_subprocess(batch: int, args: argparse.Namespace) -> float:
     """Run ``raw_ceiling`` in a fresh process so its memory and threads are gone afterwards."""
     numbers = (batch, args.prompt_tokens, args.max_tokens, args.threads, args.ctx)
-    call = f"raw_ceiling{numbers}"
-    code = (
-        f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-        f"import throughput as t; print(json.dumps(t.{call}))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-    return float(json.loads(out.stdout.strip().splitlines()[-1]))
+    return float(in_fresh_process("throughput", "raw_ceiling", *numbers))
 
 
 async def through_server(
