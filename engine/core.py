@@ -301,19 +301,24 @@ class EngineCore:
         self.drafts.granted(grant)
         self.samplers[slot] = sampler = self.runtime.new_sampler(request.sampling)
         seq.timeline.grammar = sampler.grammar
-        if self.cache and seq.hit.n_tokens:
-            with self._cache_call() as cache:
-                cache.attach(seq.hit, slot)
-            seq.n_past = seq.timeline.prefix_tokens = seq.hit.n_tokens
-        # NOTE: a follower takes its leader's prompt cells, and a request that wants prompt
-        # logprobs prefills every position: neither reuses part of a block.
-        if self.cache and seq.leader is None and not prompt_logprobs.wanted(seq):
-            with self._cache_call() as cache:
-                seq.n_past += cache.attach_partial(seq.hit, seq.request.prompt_ids, slot)
-            seq.timeline.prefix_tokens = seq.n_past
+        if self.cache:
+            self._attach_cached(seq, slot)
         forks.on_grant(seq, self.runtime)
         if log.isEnabledFor(logging.DEBUG):
             self._log_grant(seq, rule)
+
+    def _attach_cached(self, seq: Sequence, slot: int) -> None:
+        """Let the slot see the cells of its hit and of the start of the block after it;
+        prefill starts after them."""
+        with self._cache_call() as cache:
+            if seq.hit.n_tokens:
+                cache.attach(seq.hit, slot)
+                seq.n_past = seq.hit.n_tokens
+            # NOTE: a follower takes its leader's prompt cells, and a request that wants
+            # prompt logprobs prefills every position: neither reuses part of a block.
+            if seq.leader is None and not prompt_logprobs.wanted(seq):
+                seq.n_past += cache.attach_partial(seq.hit, seq.request.prompt_ids, slot)
+        seq.timeline.prefix_tokens = seq.n_past
 
     def _log_grant(self, seq: Sequence, rule: str) -> None:
         assert seq.timeline.slot is not None
