@@ -103,15 +103,17 @@ def test_shared_prefix_hands_over_the_same_prediction(
     assert same_prediction(reference, first_logprobs(d, rid))
 
 
+# Shorter than a block, sharing their first words.
+DRAGON = "Write a short story about a dragon. Once upon a time,"
+ROBOT = "Write a short story about a robot. Once upon a time,"
+
+
 def test_a_short_prompt_reuses_the_start_of_a_cached_block(
     runtime: LlamaRuntime, tokenize: Tokenize
 ) -> None:
     # Two prompts shorter than a block that share their first words: no whole block to find,
     # part of one to reuse (llama-server's slots reuse a common start this way too).
-    first, second = (
-        tokenize("Write a short story about a dragon. Once upon a time,"),
-        tokenize("Write a short story about a robot. Once upon a time,"),
-    )
+    first, second = tokenize(DRAGON), tokenize(ROBOT)
     shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=True)) if a != b)
     assert 0 < shared < len(second) < 16
     cold = Driver(EngineCore(core_config(prefix_cache=False), runtime))
@@ -128,8 +130,7 @@ def test_partial_reuse_survives_the_block_being_evicted(
     runtime: LlamaRuntime, tokenize: Tokenize
 ) -> None:
     # The reused cells stay the slot's when the cached block they came from goes.
-    first = tokenize("Write a short story about a dragon. Once upon a time,")
-    second = tokenize("Write a short story about a robot. Once upon a time,")
+    first, second = tokenize(DRAGON), tokenize(ROBOT)
     cold = Driver(EngineCore(core_config(prefix_cache=False), runtime))
     expected = cold.tokens(run(cold, second, max_tokens=12))
     d = cached_driver(runtime)
@@ -149,7 +150,7 @@ def test_partial_reuse_survives_the_block_being_evicted(
 def test_no_partial_reuse_for_prompt_logprobs(runtime: LlamaRuntime, tokenize: Tokenize) -> None:
     # Its prompt's every position needs logits: it prefills them all.
     d = cached_driver(runtime)
-    run(d, tokenize("Write a short story about a dragon. Once upon a time,"), max_tokens=8)
+    run(d, tokenize(DRAGON), max_tokens=8)
     submit_scored(d, "scored", tokenize("Write a short story about a robot."), 2, 1)
     d.run()
     assert d.final("scored").cached_tokens == 0
