@@ -3,6 +3,10 @@ request constrains its output.
 
 The chain follows llama.cpp's own order (``common_sampler``): logit bias, penalties, top-k,
 typical-p, top-p, min-p, temperature, then the seeded pick (or greedy at temperature 0).
+Greedy with no stage before it (no bias, no penalties, no grammar) skips the chain: the pick is
+the first highest logit, as llama.cpp's greedy stage picks it, found by numpy in the logits
+buffer in ~5 us where ``llama_sampler_sample`` first copies the whole vocabulary into a
+candidate array (~50 us alone, ~100-150 us right after a decode; bench/sampling_cost.py).
 
 A grammar is applied before the chain, on a candidate array this module builds, instead of
 being one more stage of the chain: llama.cpp's grammar sampler throws a C++ exception (which
@@ -68,6 +72,7 @@ class Sampler:
         self._sampled = 0
         self._grammar: Any = None
         self._cells: np.ndarray | None = None
+        self._argmax = False  # plain greedy: the chain is the greedy stage alone
         self.grammar: GrammarWire | None = None
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         chain_params.no_perf = True
@@ -103,6 +108,8 @@ class Sampler:
             )
         if params.temperature <= 0.0:
             self._add(llama_cpp.llama_sampler_init_greedy())
+            chain_len = llama_cpp.llama_sampler_chain_n(self._chain)
+            self._argmax = chain_len == 1 and not params.grammar
             return
         if params.top_k > 0:
             self._add(llama_cpp.llama_sampler_init_top_k(params.top_k))
@@ -142,7 +149,10 @@ class Sampler:
             # grammar sees them, a grammar that can only end is a dead end (an error).
             logits = self._logits(ctx, row)
             logits[self._vocab.eog_tokens] = -math.inf
-        if self._grammar is None:
+        if self._argmax:
+            # NOTE: what llama_sampler_sample would return; greedy's accept records nothing.
+            token = int(self._logits(ctx, row).argmax())
+        elif self._grammar is None:
             token = int(llama_cpp.llama_sampler_sample(self._chain, ctx, row))
         else:
             token = self._sample_constrained(ctx, row)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+import llama_cpp
+
 from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.runtime import LlamaRuntime
@@ -139,3 +141,35 @@ def test_min_p_and_typical_p_narrow_the_choice(
     # min_p 1.0 keeps only the likeliest token: every seed gives the greedy text.
     assert seeds(min_p=1.0) == {tuple(greedy_d.tokens(greedy))}
     assert len(seeds(typical_p=0.01)) < len(seeds())
+
+
+def test_plain_greedy_picks_what_llama_cpps_greedy_stage_picks(
+    runtime: LlamaRuntime, tokenize: Callable[[str], list[int]]
+) -> None:
+    """Plain greedy skips the chain (numpy's argmax of the row's logits): on every row of a
+    real batch, and row after row of a greedy continuation, it picks llama.cpp's token."""
+    reference = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    llama_cpp.llama_sampler_chain_add(reference, llama_cpp.llama_sampler_init_greedy())
+    prompts = [tokenize(CHAT.format(q)) for q in ("Hi.", "Name a fruit.", "Count to five.")]
+    samplers = [runtime.new_sampler(p.SamplingParams(temperature=0.0)) for _ in prompts]
+    memory = llama_cpp.llama_get_memory(runtime.ctx)
+    llama_cpp.llama_memory_clear(memory, True)
+    try:
+        rows = []
+        runtime.batch.clear()
+        for seq, prompt in enumerate(prompts):
+            rows.append(runtime.batch.add_span(prompt, 0, len(prompt), 0, seq, True, False))
+        positions = [len(prompt) for prompt in prompts]
+        for _ in range(12):
+            assert runtime.decode() == 0
+            picked = [s.sample(runtime.ctx, row) for s, row in zip(samplers, rows, strict=True)]
+            expected = [llama_cpp.llama_sampler_sample(reference, runtime.ctx, row) for row in rows]
+            assert picked == expected
+            runtime.batch.clear()
+            rows = [runtime.batch.add(t, positions[seq], seq, True) for seq, t in enumerate(picked)]
+            positions = [n + 1 for n in positions]
+    finally:
+        llama_cpp.llama_memory_clear(memory, True)
+        llama_cpp.llama_sampler_free(reference)
+        for sampler in samplers:
+            sampler.free()
