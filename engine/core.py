@@ -28,8 +28,9 @@ from tinyserve.engine import forks, prompt_logprobs
 from tinyserve.engine.deadline import due_ns
 from tinyserve.engine.drafts import TickDrafts
 from tinyserve.engine.policies import Policy, make_policy
-from tinyserve.engine.prefix_cache import NO_HIT, PrefixCache
+from tinyserve.engine.prefix_cache import NO_HIT, CacheStats, PrefixCache
 from tinyserve.engine.report import Batch, Cause, Finish, Grant, Load, Rejection, TickReport
+from tinyserve.engine.resident import SlotPrefixes
 from tinyserve.engine.runtime import LlamaRuntime
 from tinyserve.engine.sampler import Sampler
 from tinyserve.engine.sequence import Sequence, Status
@@ -71,6 +72,10 @@ class BatchRow:
     last_row: int = -1
 
 
+def _slot(seq: Sequence) -> int:
+    return seq.slot
+
+
 class EngineCore:
     """All scheduling state of one engine. Single-threaded: only the engine loop calls it."""
 
@@ -83,15 +88,18 @@ class EngineCore:
         self.config = config
         self.runtime = runtime
         self.clock = clock
-        self.n_ctx = runtime.n_ctx
+        self.n_ctx = runtime.n_ctx_seq  # what one request may fill
         runtime.clear()  # NOTE: all KV state must be ours: the accounting starts from empty
-        self.blocks = BlockAccountant(self.n_ctx // config.block_size, config.block_size)
+        self.blocks = BlockAccountant(runtime.n_ctx // config.block_size, config.block_size)
         self.policy: Policy = make_policy(
             config.policy, config.tenant_weight_map, config.srpt_aging
         )
         self.cache = (
-            PrefixCache.from_config(config, runtime, self.blocks) if config.prefix_cache else None
+            PrefixCache.from_config(config, runtime, self.blocks) if config.shared_cache else None
         )
+        # --kv-layout slots: each slot's cells are its own; a slot keeps its last prefix.
+        slot_kept = config.prefix_cache and not config.shared_cache
+        self.resident = SlotPrefixes(config.slots, config.block_size) if slot_kept else None
         self.slots: list[Sequence | None] = [None] * config.slots
         self.running: list[Sequence] = []  # in slot-grant order: earlier prefills go first
         self.samplers: dict[int, Sampler] = {}  # by slot
@@ -259,7 +267,7 @@ class EngineCore:
     def report(self) -> TickReport:
         """What happened since the last report (nothing on an idle pass) and the load now."""
         batch, self._batch = self._batch, None
-        return self.drafts.flush(self.load(), batch, self.cache.stats if self.cache else None)
+        return self.drafts.flush(self.load(), batch, self._cache_stats())
 
     def _expire(self, now: int) -> None:
         queue_ns = int(self.config.queue_timeout * 1e9)
@@ -276,16 +284,23 @@ class EngineCore:
 
     def _admit(self, now: int) -> None:
         """Give free slots to waiting requests, in the order the policy chooses."""
-        for slot, holder in enumerate(self.slots):
-            if holder is not None:
-                continue
+        while free := [slot for slot, holder in enumerate(self.slots) if holder is None]:
             seq = self.policy.pop_next()
             if seq is None:
                 return
             with self._serving(seq, "granting it a slot"):
-                self._grant(seq, slot, now)
+                if self.resident is None:
+                    self._grant(seq, free[0], now)
+                    continue
+                # NOTE: a follower's cells are its leader's copy; prompt logprobs need every
+                # position prefilled: neither reuses what a slot kept.
+                reuse = seq.leader is None and not prompt_logprobs.wanted(seq)
+                slot, reused = self.resident.choose(seq.request.prompt_ids, free, reuse)
+                self._grant(seq, slot, now, reused)
 
-    def _grant(self, seq: Sequence, slot: int, now: int) -> None:
+    def _grant(self, seq: Sequence, slot: int, now: int, kept: int = 0) -> None:
+        """``seq`` takes ``slot``; with ``--kv-layout slots``, reusing the first ``kept``
+        tokens the slot's cells hold."""
         # NOTE: slot state first, so that a failure below frees exactly this slot.
         seq.status, seq.slot = Status.PREFILL, slot
         self.slots[slot] = seq
@@ -303,6 +318,8 @@ class EngineCore:
         seq.timeline.grammar = sampler.grammar
         if self.cache:
             self._attach_cached(seq, slot)
+        elif self.resident:
+            self._attach_kept(seq, kept)
         forks.on_grant(seq, self.runtime)
         if log.isEnabledFor(logging.DEBUG):
             self._log_grant(seq, rule)
@@ -319,6 +336,18 @@ class EngineCore:
             if seq.leader is None and not prompt_logprobs.wanted(seq):
                 seq.n_past += cache.attach_partial(seq.hit, seq.request.prompt_ids, slot)
         seq.timeline.prefix_tokens = seq.n_past
+
+    def _attach_kept(self, seq: Sequence, reused: int) -> None:
+        """The slot's kept cells up to ``reused`` are the prompt's start; the rest go."""
+        assert self.resident is not None
+        self.resident.take(seq.slot)
+        self.runtime.forget(seq.slot, reused)
+        seq.n_past = seq.timeline.prefix_tokens = reused
+
+    def _cache_stats(self) -> CacheStats | None:
+        if self.cache:
+            return self.cache.stats
+        return self.resident.stats if self.resident else None
 
     def _log_grant(self, seq: Sequence, rule: str) -> None:
         assert seq.timeline.slot is not None
@@ -340,8 +369,11 @@ class EngineCore:
         builder = self.runtime.batch
         builder.clear()
         rows: list[BatchRow] = []
-        # NOTE: a row is the last thing a step adds, so a request that fails has none.
-        for seq in [s for s in self.running if s.status is Status.DECODE]:
+        # NOTE: a row is the last thing a step adds, so a request that fails has none. In slot
+        # order: with a KV stream per slot, llama.cpp decodes in one pass only rows of
+        # consecutive sequence ids, and splits the batch at every other step.
+        decoding = sorted((s for s in self.running if s.status is Status.DECODE), key=_slot)
+        for seq in decoding:
             with self._serving(seq, "adding its token to the batch"):
                 rows.append(
                     BatchRow(seq, 1, builder.add(seq.last_token, seq.n_past, seq.slot, True))
@@ -458,7 +490,7 @@ class EngineCore:
                     "caching a finished request's prefix",
                     lambda c: c.park(seq.kv_tokens(), seq.blocks, seq.slot),
                 )
-            self._free_slot(seq)
+            self._free_slot(seq, keep=reason != FINISH_ERROR)
         self.blocks.release_all(seq.blocks)
         if had_slot and self.cache:
             self._quietly(
@@ -494,11 +526,16 @@ class EngineCore:
         self.recent.add(timeline.request.request_id, as_dict)
         return as_dict
 
-    def _free_slot(self, seq: Sequence) -> None:
+    def _free_slot(self, seq: Sequence, keep: bool) -> None:
+        """``keep``: with ``--kv-layout slots``, the slot keeps the cells for the next grant
+        (never after a failure, which may have left them wrong)."""
         sampler = self.samplers.pop(seq.slot, None)  # None when the grant failed before it
         if sampler is not None:
             sampler.free()
-        self.runtime.forget(seq.slot)
+        if self.resident is not None and keep:
+            self.resident.keep(seq.slot, seq.kv_tokens())
+        else:
+            self.runtime.forget(seq.slot)
         self.slots[seq.slot] = None
         self.running.remove(seq)
 

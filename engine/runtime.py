@@ -41,6 +41,7 @@ class RuntimeSpec:
     n_batch: int
     n_threads: int
     repack: str = "auto"  # llama.cpp's weight repacking: "on", "off", or off where the CPU has AMX
+    unified: bool = True  # one pool of KV cells for all sequences, else n_ctx/n_seq_max each
 
     @classmethod
     def from_config(cls, config: Config) -> RuntimeSpec:
@@ -51,6 +52,7 @@ class RuntimeSpec:
             config.max_batch_tokens,
             config.engine_threads,
             config.repack,
+            config.kv_layout == "unified",
         )
 
 
@@ -96,7 +98,8 @@ def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
 
 
 class LlamaRuntime:
-    """The model, one context whose KV cells all sequences share, and one reusable batch."""
+    """The model, one context (KV cells in one pool, or a stream per sequence id), and one
+    reusable batch."""
 
     def __init__(self, spec: RuntimeSpec) -> None:
         llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
@@ -107,7 +110,8 @@ class LlamaRuntime:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.eog_tokens = [t for t in range(self.n_vocab) if self.is_eog(t)]
         self.ctx = self._new_context(spec)
-        self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))  # cells of all sequences
+        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self.ctx))  # cells one sequence may use
         self._memory = llama_cpp.llama_get_memory(self.ctx)
         # llama.cpp caps n_batch at n_ctx, and asserts (aborts) on a bigger batch: use its figure.
         n_batch = min(spec.n_batch, int(llama_cpp.llama_n_batch(self.ctx)))
@@ -115,9 +119,10 @@ class LlamaRuntime:
         self.batch = BatchBuilder(ctypes.addressof(self._batch), n_batch)
         self._piece = ctypes.create_string_buffer(_PIECE_BUF)
         log.info(
-            "model loaded: %s (n_ctx=%d, n_seq_max=%d, n_batch=%d, threads=%d)",
+            "model loaded: %s (n_ctx=%d, %s, n_seq_max=%d, n_batch=%d, threads=%d)",
             spec.model_path.name,
             self.n_ctx,
+            "unified" if spec.unified else f"{self.n_ctx_seq} cells per sequence",
             spec.n_seq_max,
             spec.n_batch,
             spec.n_threads,
@@ -138,9 +143,10 @@ class LlamaRuntime:
         params.n_batch = spec.n_batch
         params.n_ubatch = spec.n_batch
         params.n_seq_max = spec.n_seq_max
-        # NOTE: one pool of KV cells for all sequences; without it llama.cpp splits n_ctx
-        # evenly per sequence and our block accounting would not match its capacity.
-        params.kv_unified = True
+        # NOTE: unified, one pool of KV cells for all sequences, which the prefix cache shares
+        # and one request may fill; otherwise llama.cpp splits n_ctx evenly per sequence id
+        # (a stream each), and a sequence's attention spans its own cells only.
+        params.kv_unified = spec.unified
         params.n_threads = spec.n_threads
         params.n_threads_batch = spec.n_threads
         params.no_perf = True
@@ -233,8 +239,18 @@ class LlamaRuntime:
         llama_cpp.llama_memory_clear(self._memory, True)
 
     def share(self, src: int, dst: int, start: int, end: int) -> None:
-        """Let ``dst`` see ``src``'s cells in ``[start, end)`` (no copy in a unified cache)."""
-        llama_cpp.llama_memory_seq_cp(self._memory, src, dst, start, end)
+        """Let ``dst`` see ``src``'s cells in ``[start, end)``: no copy in a unified cache;
+        with a stream per sequence, a copy of ``src``'s (made at the next decode) in place
+        of all ``dst`` had."""
+        if self.spec.unified:
+            llama_cpp.llama_memory_seq_cp(self._memory, src, dst, start, end)
+            return
+        # NOTE: llama.cpp copies between streams only whole, and aborts the process if asked
+        # for part of one: copy it all, then drop what is outside [start, end).
+        llama_cpp.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+        if start > 0:
+            self.forget(dst, 0, start)
+        self.forget(dst, end)
 
     def save_seq(self, seq_id: int) -> bytes:
         """The KV of every cell ``seq_id`` sees, with their positions, as llama.cpp writes it

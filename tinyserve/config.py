@@ -25,6 +25,9 @@ SERVE = "serve"
 # context with a larger n_seq_max is not created. Kept here so that config, which every
 # process imports, does not import llama_cpp; a test checks it against the library.
 LLAMA_MAX_SEQ = 256
+# llama.cpp pads each stream's cells to a multiple of this when streams are not unified
+# (src/llama-context.cpp: ``n_ctx_seq = GGML_PAD(n_ctx / n_seq_max, 256)``).
+KV_STREAM_PAD = 256
 
 
 def _bool(text: str | bool) -> bool:
@@ -128,7 +131,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("trace_exporter", str, "none", "span exporter", _ALL, ("none", "console", "otlp")),
     # engine
     Option("slots", _pint, 8, "concurrent sequences decoded together", _ENG),
-    Option("ctx", _pint, 4096, "context size in tokens (KV cells shared by all sequences)", _ENG),
+    Option("ctx", _pint, 4096, "context size in tokens (KV cells of all sequences)", _ENG),
+    Option(
+        "kv_layout",
+        str,
+        "unified",
+        "KV cells: one pool every sequence shares, or ctx/slots per slot (as llama-server)",
+        _ENG,
+        ("unified", "slots"),
+    ),
     Option("chunk", _pint, 128, "largest prefill chunk of one request per tick", _ENG),
     Option("max_batch_tokens", _pint, 256, "token budget of one decode call", _ENG),
     Option("block_size", _pint, 16, "tokens per KV accounting block", _ENG),
@@ -208,6 +219,7 @@ class Config:
     log_format: str
     slots: int
     ctx: int
+    kv_layout: str
     chunk: int
     max_batch_tokens: int
     block_size: int
@@ -269,15 +281,21 @@ class Config:
         return _weight_map(self.tenant_weights)
 
     @property
+    def shared_cache(self) -> bool:
+        """Whether finished prefixes go to the shared prefix cache (``engine/prefix_cache.py``);
+        with ``--kv-layout slots`` a slot keeps its own instead (``engine/resident.py``)."""
+        return self.prefix_cache and self.kv_layout == "unified"
+
+    @property
     def host_cache(self) -> bool:
         """Whether evicted prefix blocks move to host memory (``engine/host_cache.py``)."""
-        return self.prefix_cache and self.host_cache_mb > 0
+        return self.shared_cache and self.host_cache_mb > 0
 
     @property
     def n_seq_max(self) -> int:
         """llama.cpp sequence ids: one per slot, plus the prefix cache's spare ones, plus one
         scratch id through which the host tier copies a block's cells out and back."""
-        if not self.prefix_cache:
+        if not self.shared_cache:
             return self.slots
         return self.slots + self.cache_seqs + (1 if self.host_cache else 0)
 
@@ -393,8 +411,13 @@ def conflict(config: Config, role: str | None = None) -> str:
         )
     if c.block_size > c.ctx:
         return f"--block-size {c.block_size} is more than --ctx {c.ctx}: no KV block would fit"
+    if c.kv_layout == "slots" and c.ctx % (KV_STREAM_PAD * c.slots):
+        return (
+            f"--kv-layout slots: --ctx {c.ctx} is not a multiple of {KV_STREAM_PAD} x --slots "
+            f"{c.slots} (llama.cpp rounds each slot's cells up to a multiple of {KV_STREAM_PAD})"
+        )
     if c.n_seq_max > LLAMA_MAX_SEQ:
-        if not c.prefix_cache:
+        if not c.shared_cache:
             return f"--slots {c.slots} is more than llama.cpp's {LLAMA_MAX_SEQ} sequence ids"
         scratch = " + 1 for --host-cache-mb" if c.host_cache else ""
         return (
@@ -402,7 +425,10 @@ def conflict(config: Config, role: str | None = None) -> str:
             f"{LLAMA_MAX_SEQ} sequence ids (--no-prefix-cache needs no --cache-seqs)"
         )
     if c.cache_dir and not c.host_cache:
-        return "--cache-dir needs the host tier (--prefix-cache and --host-cache-mb above 0)"
+        return (
+            "--cache-dir needs the host tier (--prefix-cache, --kv-layout unified and "
+            "--host-cache-mb above 0)"
+        )
     return ""
 
 

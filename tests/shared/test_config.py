@@ -24,6 +24,8 @@ REFUSED = [
         ["--slots 240", "--cache-seqs 16", "+ 1 for --host-cache-mb", "256"],
     ),
     ({"cache_dir": "/tmp/x", "host_cache_mb": 0}, ["--cache-dir", "--host-cache-mb"]),
+    ({"cache_dir": "/tmp/x", "kv_layout": "slots"}, ["--cache-dir", "--kv-layout unified"]),
+    ({"kv_layout": "slots", "ctx": 4096, "slots": 6}, ["--kv-layout slots", "--ctx 4096", "256"]),
 ]
 
 
@@ -46,6 +48,13 @@ def test_settings_at_the_limits_are_taken() -> None:
     no_host = {**at_limits, "cache_seqs": 16, "host_cache_mb": 0, "ctx": 256}
     assert build_config(no_host, environ={}, role=ENGINE).n_seq_max == LLAMA_MAX_SEQ
     build_config({"slots": 256, "prefix_cache": False, "max_batch_tokens": 256}, environ={})
+
+
+def test_with_a_stream_per_slot_there_are_no_cache_sequences() -> None:
+    """``--kv-layout slots``: one llama.cpp sequence id per slot, however the cache is set."""
+    config = build_config({"kv_layout": "slots", "slots": 16}, environ={}, role=ENGINE)
+    assert config.n_seq_max == 16 and config.prefix_cache
+    assert not config.shared_cache and not config.host_cache
 
 
 def test_the_environment_is_checked_too() -> None:
