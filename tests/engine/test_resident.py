@@ -117,3 +117,20 @@ def test_a_failed_request_leaves_nothing_kept(
     d.core.cancel(rid, "error", "test")
     d.run()
     assert d.core.resident is not None and d.core.resident.kept == [[], [], [], []]
+
+
+def test_a_choice_granted_while_the_first_decodes_copies_its_stream(
+    slot_runtime: LlamaRuntime, tokenize: Callable[[str], list[int]]
+) -> None:
+    """The second choice gets a slot only after the first's prompt is in: it takes a copy of
+    the first's whole stream, minus the cells from the prompt's last token on."""
+    d = slot_driver(slot_runtime, prefix_cache=False)
+    for word in ("Hi", "Yes", "No"):  # hold the other three slots for one tick
+        d.submit(tokenize(word), 1)
+    prompt = tokenize(PROMPT)
+    ids = submit_choices(d, prompt, 2, 6, temperature=0.0)
+    d.run()
+    assert d.tokens(ids[1]) == d.tokens(ids[0])
+    timeline = d.final(ids[1]).timeline
+    assert timeline is not None
+    assert timeline["shared_prefill"] == {"request_id": ids[0], "tokens": len(prompt) - 1}
