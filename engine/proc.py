@@ -128,6 +128,9 @@ class EngineProcess:
         self._stop_at_ns = 0
         self._next_reap_ns = 0
         self._next_watchdog_ns = 0
+        # NOTE: read once: systemd sets it for the life of the process (and it was read on
+        # every pass of the loop without a watchdog).
+        self._watchdog_s = watchdog_interval_s() if self.notifier.enabled else None
         self._dropped = RateLimitedLog(log)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -305,11 +308,9 @@ class EngineProcess:
 
     def _housekeeping(self) -> None:
         now = time.monotonic_ns()
-        if now >= self._next_watchdog_ns and self.notifier.enabled:
-            interval = watchdog_interval_s()
-            if interval:
-                self.notifier.watchdog()
-                self._next_watchdog_ns = now + int(interval * 1e9)
+        if self._watchdog_s and now >= self._next_watchdog_ns:
+            self.notifier.watchdog()
+            self._next_watchdog_ns = now + int(self._watchdog_s * 1e9)
         if now >= self._next_reap_ns:
             self._next_reap_ns = now + REAP_INTERVAL_NS
             self._reap_frontends()
