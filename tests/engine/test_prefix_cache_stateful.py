@@ -130,7 +130,7 @@ class FakeRuntime:
     ctx = None
 
     def __init__(self, n_ctx: int, n_seq_max: int, n_batch: int) -> None:
-        self.n_ctx = n_ctx
+        self.n_ctx = self.n_ctx_seq = n_ctx  # unified: one sequence may use every cell
         self.n_seq_max = n_seq_max
         self.kv = UnifiedKV()
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
