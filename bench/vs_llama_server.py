@@ -21,6 +21,8 @@ Writes ``bench/results/vs_llama_server.csv`` (one row per server, load point and
 
     .venv/bin/python bench/vs_llama_server.py                       # everything, ~25 min
     .venv/bin/python bench/vs_llama_server.py --workloads closed --concurrency 8 --rounds 4
+    # the same KV layout as llama-server's default (ctx/slots cells per slot):
+    .venv/bin/python bench/vs_llama_server.py --tinyserve-flag=--kv-layout=slots
 """
 
 from __future__ import annotations
