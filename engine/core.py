@@ -20,6 +20,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from tinyserve import capacity
@@ -70,10 +71,6 @@ class BatchRow:
     n_tokens: int
     row: int
     last_row: int = -1
-
-
-def _slot(seq: Sequence) -> int:
-    return seq.slot
 
 
 class EngineCore:
@@ -298,8 +295,8 @@ class EngineCore:
                 slot, reused = self.resident.choose(seq.request.prompt_ids, free, reuse)
                 self._grant(seq, slot, now, reused)
 
-    def _grant(self, seq: Sequence, slot: int, now: int, kept: int = 0) -> None:
-        """``seq`` takes ``slot``; with ``--kv-layout slots``, reusing the first ``kept``
+    def _grant(self, seq: Sequence, slot: int, now: int, reused: int = 0) -> None:
+        """``seq`` takes ``slot``; with ``--kv-layout slots``, reusing the first ``reused``
         tokens the slot's cells hold."""
         # NOTE: slot state first, so that a failure below frees exactly this slot.
         seq.status, seq.slot = Status.PREFILL, slot
@@ -319,7 +316,7 @@ class EngineCore:
         if self.cache:
             self._attach_cached(seq, slot)
         elif self.resident:
-            self._attach_kept(seq, kept)
+            self._attach_kept(seq, reused)
         forks.on_grant(seq, self.runtime)
         if log.isEnabledFor(logging.DEBUG):
             self._log_grant(seq, rule)
@@ -372,8 +369,8 @@ class EngineCore:
         # NOTE: a row is the last thing a step adds, so a request that fails has none. In slot
         # order: with a KV stream per slot, llama.cpp decodes in one pass only rows of
         # consecutive sequence ids, and splits the batch at every other step.
-        decoding = sorted((s for s in self.running if s.status is Status.DECODE), key=_slot)
-        for seq in decoding:
+        decoding = [s for s in self.running if s.status is Status.DECODE]
+        for seq in sorted(decoding, key=attrgetter("slot")):
             with self._serving(seq, "adding its token to the batch"):
                 rows.append(
                     BatchRow(seq, 1, builder.add(seq.last_token, seq.n_past, seq.slot, True))

@@ -49,8 +49,8 @@ class SlotPrefixes:
         if not reuse:
             return free[0], 0
         head = prompt[:-1]
-        reused, slot = max((common_start(head, self.kept[slot]), -slot) for slot in free)
-        slot = -slot
+        reused, lowest_first = max((common_start(head, self.kept[s]), -s) for s in free)
+        slot = -lowest_first
         if reused < self.min_reuse:
             slot = free[0]
             reused = common_start(head, self.kept[slot])
