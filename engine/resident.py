@@ -43,9 +43,9 @@ class SlotPrefixes:
         the slot with the longest common start (short of the prompt's last token, whose
         logits are needed) if that is at least ``min_reuse`` tokens, else the lowest free
         slot, reusing what it has. Low slots first keep the running sequences' ids together,
-        which is what lets llama.cpp decode them in one pass (measured: a batch split in two
-        costs almost twice the time). ``reuse`` False (the request must prefill every
-        position): the lowest free slot, reusing nothing."""
+        which is what lets llama.cpp decode them in one pass (measured: one free slot
+        between running ones made a step of 8 cost 42.6 ms against 36.6). ``reuse`` False
+        (the request must prefill every position): the lowest free slot, reusing nothing."""
         if not reuse:
             return free[0], 0
         head = prompt[:-1]
