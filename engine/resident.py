@@ -49,13 +49,11 @@ class SlotPrefixes:
         if not reuse:
             return free[0], 0
         head = prompt[:-1]
-        reused, lowest_first = max((common_start(head, self.kept[s]), -s) for s in free)
-        slot = -lowest_first
-        if reused < self.min_reuse:
-            slot = free[0]
-            reused = common_start(head, self.kept[slot])
-        self._count(len(prompt), reused)
-        return slot, reused
+        shared = [common_start(head, self.kept[slot]) for slot in free]
+        best = max(range(len(free)), key=shared.__getitem__)  # the first (lowest) of equals
+        pick = best if shared[best] >= self.min_reuse else 0
+        self._count(len(prompt), shared[pick])
+        return free[pick], shared[pick]
 
     def _count(self, prompt_len: int, reused: int) -> None:
         stats = self.stats

@@ -98,12 +98,15 @@ def test_a_choice_granted_after_the_first_ended_prefills_alone(
     assert sum(c["tokens"] for c in timeline["prefill"]) == len(prompt)
 
 
-def test_a_choice_granted_while_the_first_decodes_copies_all_but_the_last_token(
-    runtime: LlamaRuntime, tokenize: Callable[[str], list[int]]
+def check_a_choice_granted_while_the_first_decodes(
+    driver: Driver, tokenize: Callable[[str], list[int]]
 ) -> None:
+    """Every slot but one held for a tick, then two greedy choices: the second gets a slot
+    only once the first decodes, copies all of its prompt but the last token, prefills that
+    one and continues alike."""
+    for n in range(len(driver.core.slots) - 1):
+        driver.submit(tokenize(f"Hello {n}"), 1)
     prompt = tokenize(PROMPT)
-    driver = Driver(EngineCore(core_config(prefix_cache=False, slots=2), runtime))
-    driver.submit(tokenize("Hello"), 1)  # holds the second slot for one tick
     ids = submit_choices(driver, prompt, 2, 6, temperature=0.0)
     driver.run()
     assert driver.tokens(ids[1]) == driver.tokens(ids[0])
@@ -111,6 +114,13 @@ def test_a_choice_granted_while_the_first_decodes_copies_all_but_the_last_token(
     assert timeline is not None
     assert timeline["shared_prefill"] == {"request_id": ids[0], "tokens": len(prompt) - 1}
     assert [c["tokens"] for c in timeline["prefill"]] == [1]
+
+
+def test_a_choice_granted_while_the_first_decodes_copies_all_but_the_last_token(
+    runtime: LlamaRuntime, tokenize: Callable[[str], list[int]]
+) -> None:
+    driver = Driver(EngineCore(core_config(prefix_cache=False, slots=2), runtime))
+    check_a_choice_granted_while_the_first_decodes(driver, tokenize)
 
 
 def test_a_forked_choices_decode_time_starts_at_its_first_token(

@@ -15,7 +15,7 @@ from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
 
 from .conftest import core_config
 from .test_core import Driver
-from .test_forks import PROMPT, submit_choices
+from .test_forks import PROMPT, check_a_choice_granted_while_the_first_decodes, submit_choices
 
 # 4 slots of 256 cells: llama.cpp rounds a stream up to 256.
 SLOTS = {"kv_layout": "slots", "ctx": 1024, "slots": 4}
@@ -122,15 +122,7 @@ def test_a_failed_request_leaves_nothing_kept(
 def test_a_choice_granted_while_the_first_decodes_copies_its_stream(
     slot_runtime: LlamaRuntime, tokenize: Callable[[str], list[int]]
 ) -> None:
-    """The second choice gets a slot only after the first's prompt is in: it takes a copy of
-    the first's whole stream, minus the cells from the prompt's last token on."""
+    """As with one pool of cells, though the copy is of the first's whole stream, minus the
+    cells from the prompt's last token on."""
     d = slot_driver(slot_runtime, prefix_cache=False)
-    for word in ("Hi", "Yes", "No"):  # hold the other three slots for one tick
-        d.submit(tokenize(word), 1)
-    prompt = tokenize(PROMPT)
-    ids = submit_choices(d, prompt, 2, 6, temperature=0.0)
-    d.run()
-    assert d.tokens(ids[1]) == d.tokens(ids[0])
-    timeline = d.final(ids[1]).timeline
-    assert timeline is not None
-    assert timeline["shared_prefill"] == {"request_id": ids[0], "tokens": len(prompt) - 1}
+    check_a_choice_granted_while_the_first_decodes(d, tokenize)
