@@ -111,6 +111,7 @@ class Server:
     name: str
     url: str
     model: str = ""  # the id its /v1/models reports
+    pid: int = 0  # the process that started it (TinyServe: the supervisor of the node)
     stop: Callable[[], None] = lambda: None
 
 
@@ -135,7 +136,7 @@ def start_llama_server(args: argparse.Namespace, model_path: Path) -> Server:
         proc.wait(30)
         log.close()
 
-    server = Server("llama-server", f"http://127.0.0.1:{port}", stop=stop)
+    server = Server("llama-server", f"http://127.0.0.1:{port}", pid=proc.pid, stop=stop)
     deadline = time.monotonic() + 180
     while not _healthy(server.url):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -145,11 +146,11 @@ def start_llama_server(args: argparse.Namespace, model_path: Path) -> Server:
     return server
 
 
-def start_tinyserve(args: argparse.Namespace, model_path: Path) -> Server:
+def start_tinyserve(args: argparse.Namespace, model_path: Path, name: str = "tinyserve") -> Server:
     flags = ["--model", str(model_path), "--threads", str(args.threads), "--ctx", str(args.ctx)]
     flags += ["--slots", str(args.slots), "--max-queue", "1024", *args.tinyserve_flag]
     node = start_node(*flags, frontends=args.frontends)
-    return Server("tinyserve", node.url, stop=lambda: node.stop(check=False))
+    return Server(name, node.url, pid=node.process.pid, stop=lambda: node.stop(check=False))
 
 
 def _healthy(url: str) -> bool:
@@ -347,18 +348,22 @@ SHOWN = ("out_tok_s", "req_s", "goodput_req_s", "ttft_p50_ms", "ttft_p99_ms", "i
          "tpot_p50_ms", "e2e_p50_ms", "failed")  # fmt: skip
 
 
-def report(point: str, rounds: list[dict[str, dict[str, float]]]) -> None:
-    """Medians per server and the TinyServe / llama-server ratio: median [min-max] over rounds."""
+def report(
+    point: str,
+    rounds: list[dict[str, dict[str, float]]],
+    names: tuple[str, str] = ("llama-server", "tinyserve"),
+) -> None:
+    """Medians per server and the ratio of the second to the first (TinyServe / llama-server):
+    median [min-max] over rounds."""
+    base, other = names
     print(f"\n== {point}: {len(rounds)} rounds")
     print(f"{'':>14}" + "".join(f"{k:>18}" for k in SHOWN))
-    for name in ("llama-server", "tinyserve"):
+    for name in names:
         medians = [statistics.median(r[name][k] for r in rounds) for k in SHOWN]
         print(f"{name:>14}" + "".join(f"{m:>18.1f}" for m in medians))
     ratios = []
     for k in SHOWN:
-        per_round = [
-            r["tinyserve"][k] / r["llama-server"][k] for r in rounds if r["llama-server"][k]
-        ]
+        per_round = [r[other][k] / r[base][k] for r in rounds if r[base][k]]
         mid = statistics.median(per_round) if per_round else 0.0
         ratios.append(
             f"{mid:.2f} [{min(per_round):.2f}-{max(per_round):.2f}]" if per_round else "-"
@@ -435,8 +440,29 @@ async def measure(server: Server, run: Run, args: argparse.Namespace) -> dict[st
         return figures(samples, time.perf_counter() - started, args)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def alternate(servers: list[Server], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every load point of ``args`` on both servers, ``args.rounds`` rounds, the order
+    alternating; reports each point as it is done and returns one row per server and round."""
+    rows: list[dict[str, Any]] = []
+    points = load_points(args)
+    for n, (workload, load, run) in enumerate(points, 1):
+        rounds = []
+        for r in range(args.rounds):
+            order = servers if r % 2 == 0 else servers[::-1]
+            got = {}
+            for server in order:
+                step = f"[{n}/{len(points)}] {workload} {load:g} round {r + 1}/{args.rounds}"
+                print(f"{step}: {server.name}      ", end="\r", flush=True)
+                got[server.name] = asyncio.run(measure(server, run, args))
+                where = {"workload": workload, "load": load, "round": r + 1}
+                rows.append({**where, "server": server.name, **got[server.name]})
+            rounds.append(got)
+        report(f"{workload} {load:g}", rounds, (servers[0].name, servers[1].name))
+    return rows
+
+
+def load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the load points and of the servers' shared settings."""
     parser.add_argument("--workloads", default="closed,poisson,prefix,chat")
     parser.add_argument("--concurrency", default="1,8,16")
     parser.add_argument("--rates", default="1,2,4", help="Poisson request rates (req/s)")
@@ -451,6 +477,11 @@ def main() -> None:
     parser.add_argument("--frontends", type=int, default=2)
     parser.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     parser.add_argument("--slo-tpot-ms", type=float, default=100.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    load_arguments(parser)
     parser.add_argument(
         "--tinyserve-flag",
         action="append",
@@ -484,22 +515,8 @@ def main() -> None:
         f"model {model_path.name}; threads {args.threads}; ctx {args.ctx}; slots {args.slots}; "
         f"TinyServe frontends {args.frontends}; {args.rounds} rounds, order alternating"
     )
-    rows: list[dict[str, Any]] = []
     try:
-        points = load_points(args)
-        for n, (workload, load, run) in enumerate(points, 1):
-            rounds = []
-            for r in range(args.rounds):
-                order = servers if r % 2 == 0 else servers[::-1]
-                got = {}
-                for server in order:
-                    step = f"[{n}/{len(points)}] {workload} {load:g} round {r + 1}/{args.rounds}"
-                    print(f"{step}: {server.name}      ", end="\r", flush=True)
-                    got[server.name] = asyncio.run(measure(server, run, args))
-                    where = {"workload": workload, "load": load, "round": r + 1}
-                    rows.append({**where, "server": server.name, **got[server.name]})
-                rounds.append(got)
-            report(f"{workload} {load:g}", rounds)
+        rows = alternate(servers, args)
     finally:
         for server in servers:
             server.stop()

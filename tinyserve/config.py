@@ -173,7 +173,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "cache_cells",
         _nnint,
-        256,
+        128,
         "most KV cells cached prefixes idle in; the rest go to the host tier (0: no bound)",
         _ENG,
     ),
