@@ -4,19 +4,21 @@
 values: updates, slot grants, finishes, rejections, the batch, the load). Tests drive it
 in-process with the real model; ``proc.py`` wraps it with ZeroMQ, the board, metrics and
 spans, all derived from the report: the core calls no transport, tracing or metrics code.
+The KV side of each step (blocks, the prefix cache, the cells a slot keeps) is ``KvSpace``'s
+(``kv_space.py``).
 
 Failures come in two tiers. Each per-request step (accept, slot grant, batch row, sampling)
 runs under ``_serving``: whatever goes wrong in it ends that request alone with
 ``finish_reason: "error"``. A failure of the prefix cache also resets the cache, whose state
-may then be inconsistent. Anything else that escapes ``step`` or ``submit`` means the engine
-itself is broken; ``proc.py`` ends the process.
+may then be inconsistent (``KvSpace.call``). Anything else that escapes ``step`` or
+``submit`` means the engine itself is broken; ``proc.py`` ends the process.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,8 +30,9 @@ from tinyserve.config import Config
 from tinyserve.engine import forks, prompt_logprobs
 from tinyserve.engine.deadline import due_ns
 from tinyserve.engine.drafts import TickDrafts
+from tinyserve.engine.kv_space import KvSpace
 from tinyserve.engine.policies import Policy, make_policy
-from tinyserve.engine.prefix_cache import NO_HIT, CacheStats, PrefixCache
+from tinyserve.engine.prefix_cache import PrefixCache
 from tinyserve.engine.report import Batch, Cause, Finish, Grant, Load, Rejection, TickReport
 from tinyserve.engine.resident import SlotPrefixes
 from tinyserve.engine.runtime import LlamaRuntime
@@ -87,16 +90,10 @@ class EngineCore:
         self.clock = clock
         self.n_ctx = runtime.n_ctx_seq  # what one request may fill
         runtime.clear()  # NOTE: all KV state must be ours: the accounting starts from empty
-        self.blocks = BlockAccountant(runtime.n_ctx // config.block_size, config.block_size)
+        self.kv = KvSpace(config, runtime, lambda: self.by_id.values(), self._fail)
         self.policy: Policy = make_policy(
             config.policy, config.tenant_weight_map, config.srpt_aging
         )
-        self.cache = (
-            PrefixCache.from_config(config, runtime, self.blocks) if config.shared_cache else None
-        )
-        # --kv-layout slots: each slot's cells are its own; a slot keeps its last prefix.
-        slot_kept = config.prefix_cache and not config.shared_cache
-        self.resident = SlotPrefixes(config.slots, config.block_size) if slot_kept else None
         self.slots: list[Sequence | None] = [None] * config.slots
         self.running: list[Sequence] = []  # in slot-grant order: earlier prefills go first
         self.samplers: dict[int, Sampler] = {}  # by slot
@@ -110,6 +107,18 @@ class EngineCore:
         self.recent = RecentTimelines(config.timeline_keep)
         self._finished_at: deque[int] = deque()
         self._batch: Batch | None = None  # decoded this tick
+
+    @property
+    def blocks(self) -> BlockAccountant:
+        return self.kv.blocks
+
+    @property
+    def cache(self) -> PrefixCache | None:
+        return self.kv.cache
+
+    @property
+    def resident(self) -> SlotPrefixes | None:
+        return self.kv.resident
 
     # -- inputs between ticks ---------------------------------------------------------------
 
@@ -135,20 +144,9 @@ class EngineCore:
     def _reserve(self, seq: Sequence) -> bool:
         """Reserve ``seq``'s blocks and queue it for a slot; False (holding nothing) when the
         free and evictable blocks are not enough now."""
-        request = seq.request
-        leader = forks.leader_of(seq, self.by_id)
-        if leader is not None:
-            seq.blocks = forks.follow(seq, leader, self.blocks)
-        elif self.cache:
-            self._look_up(seq)
-        # Shared blocks are charged once, to the cache.
-        own = self.blocks.blocks_for(seq.prompt_len + request.max_tokens) - len(seq.blocks)
-        if not self._make_room(own):
-            forks.unfollow(seq)
-            self.blocks.release_all(seq.blocks)
-            seq.blocks, seq.hit = [], NO_HIT
+        own = self.kv.reserve(seq, forks.leader_of(seq, self.by_id))
+        if own is None:
             return False
-        seq.blocks += self.blocks.allocate(own)
         self._arrivals += 1
         seq.order = self._arrivals
         now, waiting = self.clock(), len(self.policy)
@@ -167,17 +165,6 @@ class EngineCore:
                     return
             if self.blocked and self.blocked[0] is seq:  # reserved, or ended by a failure
                 self.blocked.popleft()
-
-    def _look_up(self, seq: Sequence) -> None:
-        assert self.cache is not None
-        with self._cache_call() as cache:
-            hit = cache.lookup(seq.request.prompt_ids)
-        if prompt_logprobs.wanted(seq):  # cached positions have no logits: prefill them again
-            self.blocks.release_all(list(hit.block_ids))
-            seq.timeline.prefix_recomputed = hit.n_tokens
-            return
-        seq.hit, seq.blocks = hit, list(hit.block_ids)  # pinned: held like its own blocks
-        seq.timeline.host_restored(hit.host_tokens, hit.restore_ns)
 
     def _rejection(self, request: Submit) -> str:
         prompt, max_tokens = len(request.prompt_ids), request.max_tokens
@@ -209,12 +196,6 @@ class EngineCore:
         timeline.end(reason, detail, self.tick, self.clock(), 0)
         self.drafts.finish(request, reason, detail, timeline=self._record(timeline))
         return timeline
-
-    def _make_room(self, n_blocks: int) -> bool:
-        if self.cache:
-            with self._cache_call() as cache:
-                return cache.make_room(n_blocks)
-        return self.blocks.can_allocate(n_blocks)
 
     def cancel(
         self,
@@ -264,7 +245,7 @@ class EngineCore:
     def report(self) -> TickReport:
         """What happened since the last report (nothing on an idle pass) and the load now."""
         batch, self._batch = self._batch, None
-        return self.drafts.flush(self.load(), batch, self._cache_stats())
+        return self.drafts.flush(self.load(), batch, self.kv.stats())
 
     def _expire(self, now: int) -> None:
         queue_ns = int(self.config.queue_timeout * 1e9)
@@ -286,13 +267,7 @@ class EngineCore:
             if seq is None:
                 return
             with self._serving(seq, "granting it a slot"):
-                if self.resident is None:
-                    self._grant(seq, free[0], now)
-                    continue
-                # NOTE: a follower's cells are its leader's copy; prompt logprobs need every
-                # position prefilled: neither reuses what a slot kept.
-                reuse = seq.leader is None and not prompt_logprobs.wanted(seq)
-                slot, reused = self.resident.choose(seq.request.prompt_ids, free, reuse)
+                slot, reused = self.kv.choose_slot(seq, free)
                 self._grant(seq, slot, now, reused)
 
     def _grant(self, seq: Sequence, slot: int, now: int, reused: int = 0) -> None:
@@ -313,38 +288,10 @@ class EngineCore:
         self.drafts.granted(grant)
         self.samplers[slot] = sampler = self.runtime.new_sampler(request.sampling)
         seq.timeline.grammar = sampler.grammar
-        if self.cache:
-            self._attach_cached(seq, slot)
-        elif self.resident:
-            self._attach_kept(seq, reused)
+        self.kv.attach(seq, slot, reused)
         forks.on_grant(seq, self.runtime)
         if log.isEnabledFor(logging.DEBUG):
             self._log_grant(seq, rule)
-
-    def _attach_cached(self, seq: Sequence, slot: int) -> None:
-        """Let the slot see the cells of its hit and of the start of the block after it;
-        prefill starts after them."""
-        with self._cache_call() as cache:
-            if seq.hit.n_tokens:
-                cache.attach(seq.hit, slot)
-                seq.n_past = seq.hit.n_tokens
-            # NOTE: a follower takes its leader's prompt cells, and a request that wants
-            # prompt logprobs prefills every position: neither reuses part of a block.
-            if seq.leader is None and not prompt_logprobs.wanted(seq):
-                seq.n_past += cache.attach_partial(seq.hit, seq.request.prompt_ids, slot)
-        seq.timeline.prefix_tokens = seq.n_past
-
-    def _attach_kept(self, seq: Sequence, reused: int) -> None:
-        """The slot's kept cells up to ``reused`` are the prompt's start; the rest go."""
-        assert self.resident is not None
-        self.resident.take(seq.slot)
-        self.runtime.forget(seq.slot, reused)
-        seq.n_past = seq.timeline.prefix_tokens = reused
-
-    def _cache_stats(self) -> CacheStats | None:
-        if self.cache:
-            return self.cache.stats
-        return self.resident.stats if self.resident else None
 
     def _log_grant(self, seq: Sequence, rule: str) -> None:
         assert seq.timeline.slot is not None
@@ -480,19 +427,10 @@ class EngineCore:
         seq.status = Status.FINISHED
         if had_slot:
             # NOTE: after a failure (a failed decode included) the KV content may be wrong:
-            # never cache it.
-            if self.cache and reason != FINISH_ERROR:
-                self._quietly(
-                    seq,
-                    "caching a finished request's prefix",
-                    lambda c: c.park(seq.kv_tokens(), seq.blocks, seq.slot),
-                )
+            # neither cached nor kept.
+            self.kv.park(seq, reason)
             self._free_slot(seq, keep=reason != FINISH_ERROR)
-        self.blocks.release_all(seq.blocks)
-        if had_slot and self.cache:
-            self._quietly(
-                seq, "bounding a finished request's cached blocks in cells", lambda c: c.trim()
-            )
+        self.kv.release(seq, had_slot)
         del self.by_id[seq.request_id]
         now = self.clock()
         seq.timeline.end(reason, detail, self.tick, now, seq.generated)
@@ -504,19 +442,6 @@ class EngineCore:
         self.drafts.finished(Finish(reason, cause, seq.prompt_len, cached, seq.timeline))
         self._finished_at.append(now)
 
-    def _quietly(self, seq: Sequence, what: str, call: Callable[[PrefixCache], object]) -> None:
-        """A cache step after ``seq`` finished. The request was served in full whatever
-        happens here, so it keeps its finish; a cache failure (the cache is reset) is logged."""
-        try:
-            with self._cache_call() as cache:
-                call(cache)
-        except RequestError as exc:
-            log.warning(
-                "%s failed; the request keeps its finish",
-                what,
-                extra=fields(request_id=seq.request_id, error=f"{exc}: {exc.__cause__!r}"),
-            )
-
     def _record(self, timeline: Timeline) -> dict[str, Any]:
         """Keep a finished request's timeline for queries; returns it as the API shows it."""
         as_dict = timeline.to_dict()
@@ -524,15 +449,11 @@ class EngineCore:
         return as_dict
 
     def _free_slot(self, seq: Sequence, keep: bool) -> None:
-        """``keep``: with ``--kv-layout slots``, the slot keeps the cells for the next grant
-        (never after a failure, which may have left them wrong)."""
+        """``keep``: with ``--kv-layout slots``, the slot keeps the cells for the next grant."""
         sampler = self.samplers.pop(seq.slot, None)  # None when the grant failed before it
         if sampler is not None:
             sampler.free()
-        if self.resident is not None and keep:
-            self.resident.keep(seq.slot, seq.kv_tokens())
-        else:
-            self.runtime.forget(seq.slot)
+        self.kv.vacate(seq, keep)
         self.slots[seq.slot] = None
         self.running.remove(seq)
 
@@ -563,62 +484,8 @@ class EngineCore:
         )
         return str(exc) if isinstance(exc, RequestError) else f"internal error while {step}"
 
-    @contextmanager
-    def _cache_call(self) -> Iterator[PrefixCache]:
-        """A prefix-cache operation for the request being served. If it fails, the tree, the
-        cache sequences and the blocks' cached flags may disagree: rather than serve from a
-        wrong cache, every cached prefix is dropped, and the failure is that request's."""
-        assert self.cache is not None
-        try:
-            yield self.cache
-        except EngineFatalError:
-            raise
-        except Exception as exc:
-            self._reset_cache()
-            raise RequestError("prefix cache failure (the cache was reset)") from exc
-
-    def _reset_cache(self) -> None:
-        """Drop every cached prefix: cached flags, cache sequences' cells, the tree. Running
-        requests keep the cells they see (tagged with their slots); waiting ones lose their
-        hits, whose cells only cache sequences held."""
-        cached = self.blocks.cached
-        try:
-            assert self.cache is not None
-            self.cache.reset()
-            stray = self._release_stray_references()
-            hits = [s for s in self.by_id.values() if s.status is Status.WAITING and s.hit.n_tokens]
-            for seq in hits:
-                self._drop_hit(seq)
-        except Exception as exc:
-            raise EngineFatalError("the prefix cache failed and could not be reset") from exc
-        log.error(
-            "prefix cache reset: every cached prefix dropped",
-            extra=fields(cached_blocks=cached, stray_refs=stray, waiting_hits_lost=len(hits)),
-        )
-
-    def _release_stray_references(self) -> int:
-        """With nothing cached, every reference to a block is a request's: release the others
-        (pins a failed cache operation took and never gave back). Returns how many."""
-        held = Counter(block for seq in self.by_id.values() for block in seq.blocks)
-        stray = 0
-        for block in range(self.blocks.total):
-            extra = self.blocks.refcount(block) - held[block]
-            if extra < 0:
-                raise RuntimeError(f"block {block} has fewer references than requests hold")
-            for _ in range(extra):
-                self.blocks.release(block)
-            stray += extra
-        return stray
-
-    def _drop_hit(self, seq: Sequence) -> None:
-        """A waiting request whose cached prefix is gone prefills it, on blocks of its own."""
-        n = len(seq.hit.block_ids)
-        self.blocks.release_all(seq.blocks[:n])
-        seq.blocks, seq.hit = seq.blocks[n:], NO_HIT
-        if self.blocks.can_allocate(n):
-            seq.blocks = self.blocks.allocate(n) + seq.blocks
-        else:
-            self._finish(seq, FINISH_ERROR, "its cached prefix was dropped and no KV space is left")
+    def _fail(self, seq: Sequence, detail: str) -> None:
+        self._finish(seq, FINISH_ERROR, detail)
 
     def abandon(self, detail: str) -> dict[str, list[RequestUpdate]]:
         """The engine cannot go on: every request in flight ends with an error. Only the drafts
