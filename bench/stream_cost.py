@@ -11,7 +11,10 @@ first token over the tokens after the first) and the CPU milliseconds per token,
 system, of each process (from ``/proc``: llama-server; TinyServe's engine, frontends and
 supervisor) and of this client process (the same client for both). In the same run a fresh
 process times bare ``llama_decode`` steps (``raw.py``: one sequence, llama.cpp's greedy
-sampler chain, no server) at each thread count, for reference. Prints medians over rounds
+sampler chain, no server) at each thread count, for reference, and another runs the same
+requests through TinyServe's engine core alone (``EngineCore.step`` in-process: scheduling,
+batch, decode, sampling, no sockets and no frontend), so the node's time per token splits
+into the core's and the plumbing's. Prints medians over rounds
 and the ratio of wall time per token, TinyServe / llama-server; writes
 bench/results/stream_cost.csv (``--name``).
 
@@ -31,6 +34,7 @@ import asyncio
 import os
 import resource
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +56,7 @@ def process_tree(root: int) -> list[int]:
     return tree
 
 
+PROMPT = "Request {i}: write a long story about a lighthouse keeper."
 ROLES = ("llama", "frontend", "supervisor", "client")
 
 
@@ -94,7 +99,7 @@ async def one_round(server: Server, pids: list[int], args: argparse.Namespace) -
         decode_s, tokens = 0.0, 0
         for i in range(args.requests):
             body = {
-                "prompt": f"Request {i}: write a long story about a lighthouse keeper.",
+                "prompt": PROMPT.format(i=i),
                 "max_tokens": args.tokens,
                 "ignore_eos": True,
             }
@@ -112,12 +117,47 @@ async def one_round(server: Server, pids: list[int], args: argparse.Namespace) -
     return row
 
 
+def core_alone(tokens: int, threads: int, ctx: int, slots: int, requests: int) -> float:
+    """Milliseconds per token after the first of ``requests`` requests (after one to warm up)
+    run one at a time through an ``EngineCore`` in this process, with the node's defaults."""
+    import llama_cpp
+
+    from tinyserve import protocol
+    from tinyserve.config import build_config
+    from tinyserve.engine.core import EngineCore
+    from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
+    from tinyserve.model import resolve_model_path
+
+    config = build_config({"threads": threads, "ctx": ctx, "slots": slots}, environ={})
+    runtime = LlamaRuntime(RuntimeSpec.from_config(config))
+    core = EngineCore(config, runtime)
+    vocab = llama_cpp.Llama(str(resolve_model_path(None)), vocab_only=True, verbose=False)
+    sampling = protocol.SamplingParams(ignore_eos=True)
+    spent = 0.0
+    for i in range(requests + 1):
+        prompt = vocab.tokenize(PROMPT.format(i=i).encode(), add_bos=True, special=True)
+        rid = f"r{i}"
+        core.submit(protocol.Submit(rid, "f" * 32, prompt, sampling, tokens))
+        first = 0.0
+        while core.has_work():
+            core.step()
+            if not first and (seq := core.by_id.get(rid)) is not None and seq.generated:
+                first = time.perf_counter()
+        if i:
+            spent += time.perf_counter() - first
+    runtime.close()
+    return round(spent / (requests * (tokens - 1)) * 1e3, 3)
+
+
 def at_threads(threads: int, args: argparse.Namespace, model_path: Path) -> list[dict[str, Any]]:
     server_args = argparse.Namespace(
         threads=threads, ctx=args.ctx, slots=args.slots, frontends=args.frontends,
         llama_server_flag=[], tinyserve_flag=args.tinyserve_flag,
     )  # fmt: skip
     bare = in_fresh_process("raw", "raw_single", [64], args.tokens, threads, args.ctx, 512)
+    core = in_fresh_process(
+        "stream_cost", "core_alone", args.tokens, threads, args.ctx, args.slots, args.requests
+    )
     servers = [start_llama_server(server_args, model_path)]
     try:
         servers.append(start_tinyserve(server_args, model_path))
@@ -128,7 +168,8 @@ def at_threads(threads: int, args: argparse.Namespace, model_path: Path) -> list
                 progress(f"threads {threads} round {r + 1}/{args.rounds}: {server.name}")
                 row = asyncio.run(one_round(server, pids[server.name], args))
                 base = {"threads": threads, "round": r + 1, "server": server.name}
-                rows.append({**base, "bare_ms": round(bare[0]["step_s"] * 1e3, 3), **row})
+                ref = {"bare_ms": round(bare[0]["step_s"] * 1e3, 3), "core_ms": core}
+                rows.append({**base, **ref, **row})
         return rows
     finally:
         for server in servers:
@@ -139,10 +180,13 @@ def summary(rows: list[dict[str, Any]]) -> None:
     """Medians over rounds per server; the wall ratio per round, median [range]."""
     for threads in sorted({r["threads"] for r in rows}):
         mine = [r for r in rows if r["threads"] == threads]
-        print(f"\n== threads {threads}: bare llama_decode {mine[0]['bare_ms']:.2f} ms per token")
+        print(
+            f"\n== threads {threads}: bare llama_decode {mine[0]['bare_ms']:.2f} ms per token, "
+            f"engine core alone {mine[0]['core_ms']:.2f}"
+        )
         for name in ("llama-server", "tinyserve"):
             of = [r for r in mine if r["server"] == name]
-            keys = [k for k in of[0] if "ms" in k and k != "bare_ms"]
+            keys = [k for k in of[0] if "ms" in k and k not in ("bare_ms", "core_ms")]
             shown = ", ".join(f"{k} {statistics.median(r[k] for r in of):.3f}" for k in keys)
             print(f"  {name:>12}: {shown}")
         ours = [r["ms_per_token"] for r in mine if r["server"] == "tinyserve"]
