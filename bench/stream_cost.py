@@ -1,22 +1,21 @@
 """One stream at a time, against llama-server: the time per token and every process's CPU per
 token, at each llama.cpp thread count.
 
-The closed-loop c=1 comparison (``vs_llama_server.py``) leaves TinyServe a few per cent
-behind. This script says where that goes. For each ``--threads`` value it starts both servers
-(as ``vs_llama_server.py`` does, one node with ``--frontends`` frontends) and, in
-``--rounds`` alternating rounds, sends ``--requests`` streaming ``/v1/completions`` requests of
-``--tokens`` greedy tokens each (``ignore_eos``, so every request is that long) to each, one
-at a time. Per round and server: wall milliseconds per token (the request's time after its
-first token over the tokens after the first) and the CPU milliseconds per token, user and
-system, of each process (from ``/proc``: llama-server; TinyServe's engine, frontends and
-supervisor) and of this client process (the same client for both). In the same run a fresh
-process times bare ``llama_decode`` steps (``raw.py``: one sequence, llama.cpp's greedy
-sampler chain, no server) at each thread count, for reference, and another runs the same
-requests through TinyServe's engine core alone (``EngineCore.step`` in-process: scheduling,
-batch, decode, sampling, no sockets and no frontend), so the node's time per token splits
-into the core's and the plumbing's. Prints medians over rounds
-and the ratio of wall time per token, TinyServe / llama-server; writes
-bench/results/stream_cost.csv (``--name``).
+The closed-loop c=1 comparison (``vs_llama_server.py``) leaves TinyServe a few per cent behind.
+This script says where that goes. For each ``--threads`` value it starts both servers (as
+``vs_llama_server.py`` does, one node with ``--frontends`` frontends) and, in ``--rounds``
+alternating rounds, sends ``--requests`` streaming ``/v1/completions`` requests of ``--tokens``
+greedy tokens each (``ignore_eos``, so every request is that long) to each, one at a time. Per
+round and server: wall milliseconds per token (the request's time after its first token over
+the tokens after the first) and the CPU milliseconds per token, user and system, of each
+process (from ``/proc``: llama-server; TinyServe's engine, frontends and supervisor) and of
+this client process (the same client for both). In the same run a fresh process times bare
+``llama_decode`` steps (``raw.py``: one sequence, llama.cpp's greedy sampler chain, no server)
+at each thread count, for reference, and another runs the same requests through TinyServe's
+engine core alone (``EngineCore.step`` in-process: scheduling, batch, decode, sampling, no
+sockets and no frontend), so the node's time per token splits into the core's and the
+plumbing's. Prints medians over rounds and the ratio of wall time per token, TinyServe /
+llama-server; writes bench/results/stream_cost.csv (``--name``).
 
 llama.cpp's threads spin while they wait, so the engine's and llama-server's CPU is mostly
 threads x wall time; what tells is the CPU of everything else, which on a machine whose
@@ -40,11 +39,20 @@ from typing import Any
 
 import aiohttp
 from common import in_fresh_process, progress, write_csv
-from vs_llama_server import Server, model_id, start_llama_server, start_tinyserve, stream_openai
+from vs_llama_server import (
+    Server,
+    model_id,
+    start_llama_server,
+    start_tinyserve,
+    stream_openai,
+    tinyserve_flag_argument,
+)
 
 from tests.integration.node import children_of
 
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+PROMPT = "Request {i}: write a long story about a lighthouse keeper."
+ROLES = ("llama", "frontend", "supervisor", "client")
 
 
 def process_tree(root: int) -> list[int]:
@@ -54,10 +62,6 @@ def process_tree(root: int) -> list[int]:
         frontier = [child for pid in frontier for child in children_of(pid)]
         tree += frontier
     return tree
-
-
-PROMPT = "Request {i}: write a long story about a lighthouse keeper."
-ROLES = ("llama", "frontend", "supervisor", "client")
 
 
 def role_of(pid: int) -> str:
@@ -81,7 +85,7 @@ def cpu_by_role(pids: list[int]) -> dict[str, tuple[float, float]]:
     totals = dict.fromkeys(ROLES, (0.0, 0.0))
     for pid in pids:
         role, (user, system) = role_of(pid), cpu_seconds(pid)
-        was = totals.get(role, (0.0, 0.0))
+        was = totals[role]
         totals[role] = (was[0] + user, was[1] + system)
     own = resource.getrusage(resource.RUSAGE_SELF)
     totals["client"] = (own.ru_utime, own.ru_stime)
@@ -207,13 +211,7 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--frontends", type=int, default=2)
-    parser.add_argument(
-        "--tinyserve-flag",
-        action="append",
-        default=[],
-        metavar="FLAG",
-        help="an extra flag for tinyserve serve, repeatable (--tinyserve-flag=--cache-cells=128)",
-    )
+    tinyserve_flag_argument(parser)
     parser.add_argument("--name", default="stream_cost", help="the CSV's name in bench/results/")
     args = parser.parse_args()
 

@@ -479,9 +479,8 @@ def load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slo-tpot-ms", type=float, default=100.0)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    load_arguments(parser)
+def tinyserve_flag_argument(parser: argparse.ArgumentParser) -> None:
+    """``--tinyserve-flag``: extra flags for the TinyServe node (``args.tinyserve_flag``)."""
     parser.add_argument(
         "--tinyserve-flag",
         action="append",
@@ -489,6 +488,12 @@ def main() -> None:
         metavar="FLAG",
         help="an extra flag for tinyserve serve, repeatable (--tinyserve-flag=--no-prefix-cache)",
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    load_arguments(parser)
+    tinyserve_flag_argument(parser)
     parser.add_argument(
         "--llama-server-flag",
         action="append",
