@@ -3,13 +3,14 @@ CSV output, and starting a node for the run."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,12 +124,36 @@ def report(name: str, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def start_node(*flags: str, frontends: int = 1) -> Node:
+def start_node(*flags: str, frontends: int = 1, code: Path | None = None) -> Node:
     """A fresh node in a temp dir for this bench run, with the server's own default thread
-    count (the test helper would otherwise pin llama.cpp to one thread)."""
+    count (the test helper would otherwise pin llama.cpp to one thread); ``code``: run the
+    Python code there (``code_at``) instead of this tree's."""
     threads = () if "--threads" in flags else ("--threads", "0")
     workdir = Path(tempfile.mkdtemp(prefix="tinyserve-bench-"))
-    return Node(workdir, *threads, *flags, frontends=frontends).start()
+    return Node(workdir, *threads, *flags, frontends=frontends, code=code).start()
+
+
+@contextlib.contextmanager
+def code_at(commit: str) -> Iterator[Path]:
+    """A folder from which a node runs the Python code of ``commit`` (its ``tinyserve``,
+    ``engine`` and ``frontend`` from a temporary git worktree), for a before/after in one
+    run; the native modules stay this tree's build, so a commit whose ``.pyx`` files differ
+    is not measured as it was."""
+    with tempfile.TemporaryDirectory(prefix="tinyserve-code-") as tmp:
+        checkout = Path(tmp) / "checkout"
+        git = ["git", "-C", str(ROOT), "worktree"]
+        subprocess.run([*git, "add", "--detach", str(checkout), commit], check=True,
+                       capture_output=True)  # fmt: skip
+        try:
+            package = Path(tmp) / "path" / "tinyserve"
+            package.mkdir(parents=True)
+            for module in (checkout / "tinyserve").iterdir():
+                (package / module.name).symlink_to(module)
+            (package / "engine").symlink_to(checkout / "engine")
+            (package / "frontend").symlink_to(checkout / "frontend")
+            yield package.parent
+        finally:
+            subprocess.run([*git, "remove", "--force", str(checkout)], check=True)
 
 
 def wait_idle(node: Node) -> None:

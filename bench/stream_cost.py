@@ -24,12 +24,18 @@ cores llama.cpp's threads hold takes its time from them.
     .venv/bin/python bench/stream_cost.py                      # threads 1 and 2, ~6 min
     .venv/bin/python bench/stream_cost.py --threads 2 --rounds 3 --tokens 128
     .venv/bin/python bench/stream_cost.py --threads 2 --tinyserve-flag=--no-prefix-cache
+    .venv/bin/python bench/stream_cost.py --threads 2 --baseline HEAD  # a change against HEAD
+
+``--baseline COMMIT`` adds a third server to the rounds: a node running that commit's Python
+code (``common.code_at``), so a change to the node is measured against the code before it in
+the same run, and its ratio printed too.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import resource
 import statistics
@@ -38,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from common import in_fresh_process, progress, write_csv
+from common import code_at, in_fresh_process, progress, write_csv
 from vs_llama_server import (
     Server,
     model_id,
@@ -53,6 +59,7 @@ from tests.integration.node import children_of
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 PROMPT = "Request {i}: write a long story about a lighthouse keeper."
 ROLES = ("llama", "frontend", "supervisor", "client")
+BASELINE = "tinyserve-baseline"  # the server of ``--baseline``
 
 
 def process_tree(root: int) -> list[int]:
@@ -153,7 +160,9 @@ def core_alone(tokens: int, threads: int, ctx: int, slots: int, requests: int) -
     return round(spent / (requests * (tokens - 1)) * 1e3, 3)
 
 
-def at_threads(threads: int, args: argparse.Namespace, model_path: Path) -> list[dict[str, Any]]:
+def at_threads(
+    threads: int, args: argparse.Namespace, model_path: Path, baseline: Path | None
+) -> list[dict[str, Any]]:
     server_args = argparse.Namespace(
         threads=threads, ctx=args.ctx, slots=args.slots, frontends=args.frontends,
         llama_server_flag=[], tinyserve_flag=args.tinyserve_flag,
@@ -165,6 +174,8 @@ def at_threads(threads: int, args: argparse.Namespace, model_path: Path) -> list
     servers = [start_llama_server(server_args, model_path)]
     try:
         servers.append(start_tinyserve(server_args, model_path))
+        if baseline is not None:
+            servers.append(start_tinyserve(server_args, model_path, BASELINE, baseline))
         pids = {s.name: process_tree(s.pid) for s in servers}
         rows = []
         for r in range(args.rounds):
@@ -188,18 +199,27 @@ def summary(rows: list[dict[str, Any]]) -> None:
             f"\n== threads {threads}: bare llama_decode {mine[0]['bare_ms']:.2f} ms per token, "
             f"engine core alone {mine[0]['core_ms']:.2f}"
         )
-        for name in ("llama-server", "tinyserve"):
+        for name in ("llama-server", "tinyserve", BASELINE):
             of = [r for r in mine if r["server"] == name]
+            if not of:
+                continue
             keys = [k for k in of[0] if "ms" in k and k not in ("bare_ms", "core_ms")]
             shown = ", ".join(f"{k} {statistics.median(r[k] for r in of):.3f}" for k in keys)
             print(f"  {name:>12}: {shown}")
-        ours = [r["ms_per_token"] for r in mine if r["server"] == "tinyserve"]
-        theirs = [r["ms_per_token"] for r in mine if r["server"] == "llama-server"]
-        ratios = [t / o for o, t in zip(ours, theirs, strict=True)]  # throughput: theirs/ours
-        print(
-            f"  throughput ratio TinyServe / llama-server: {statistics.median(ratios):.3f} "
-            f"[{min(ratios):.3f}-{max(ratios):.3f}]"
-        )
+        ratio(mine, "tinyserve", "llama-server")
+        if any(r["server"] == BASELINE for r in mine):
+            ratio(mine, "tinyserve", BASELINE)
+
+
+def ratio(rows: list[dict[str, Any]], server: str, reference: str) -> None:
+    """Throughput of ``server`` over ``reference``'s, round by round: median [range]."""
+    ours = [r["ms_per_token"] for r in rows if r["server"] == server]
+    theirs = [r["ms_per_token"] for r in rows if r["server"] == reference]
+    ratios = [t / o for o, t in zip(ours, theirs, strict=True)]
+    print(
+        f"  throughput ratio {server} / {reference}: {statistics.median(ratios):.3f} "
+        f"[{min(ratios):.3f}-{max(ratios):.3f}]"
+    )
 
 
 def main() -> None:
@@ -212,6 +232,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--frontends", type=int, default=2)
     tinyserve_flag_argument(parser)
+    parser.add_argument("--baseline", metavar="COMMIT", help="also run this commit's code")
     parser.add_argument("--name", default="stream_cost", help="the CSV's name in bench/results/")
     args = parser.parse_args()
 
@@ -219,8 +240,10 @@ def main() -> None:
 
     model_path = resolve_model_path(None)
     rows = []
-    for threads in (int(t) for t in args.threads.split(",")):
-        rows += at_threads(threads, args, model_path)
+    with contextlib.ExitStack() as stack:
+        baseline = stack.enter_context(code_at(args.baseline)) if args.baseline else None
+        for threads in (int(t) for t in args.threads.split(",")):
+            rows += at_threads(threads, args, model_path, baseline)
     summary(rows)
     print(f"wrote {write_csv(args.name, rows)}")
 

@@ -146,10 +146,13 @@ def start_llama_server(args: argparse.Namespace, model_path: Path) -> Server:
     return server
 
 
-def start_tinyserve(args: argparse.Namespace, model_path: Path, name: str = "tinyserve") -> Server:
+def start_tinyserve(
+    args: argparse.Namespace, model_path: Path, name: str = "tinyserve", code: Path | None = None
+) -> Server:
+    """A node with ``args``' settings; ``code``: another version's (``common.code_at``)."""
     flags = ["--model", str(model_path), "--threads", str(args.threads), "--ctx", str(args.ctx)]
     flags += ["--slots", str(args.slots), "--max-queue", "1024", *args.tinyserve_flag]
-    node = start_node(*flags, frontends=args.frontends)
+    node = start_node(*flags, frontends=args.frontends, code=code)
     return Server(name, node.url, pid=node.process.pid, stop=lambda: node.stop(check=False))
 
 

@@ -56,7 +56,10 @@ def _state(pid: int) -> str:
 class Node:
     """Starts ``tinyserve serve`` and waits for its READY=1; ``stop`` checks it left nothing."""
 
-    def __init__(self, workdir: Path, *flags: str, frontends: int = 2) -> None:
+    def __init__(
+        self, workdir: Path, *flags: str, frontends: int = 2, code: Path | None = None
+    ) -> None:
+        self.code = code  # a folder whose ``tinyserve`` package runs instead of this tree's
         self.runtime_dir = workdir / "run"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -87,8 +90,12 @@ class Node:
         notify.bind(self._notify_path)
         notify.settimeout(0.5)
         env = dict(os.environ, NOTIFY_SOCKET=self._notify_path)
+        if self.code is not None:  # ``-m`` puts the working directory first on the path
+            env["PYTHONPATH"] = str(self.code)
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(self.argv, env=env, stdout=log, stderr=log)
+            self.process = subprocess.Popen(
+                self.argv, env=env, stdout=log, stderr=log, cwd=self.code
+            )
         try:
             self._wait_ready(notify)
         finally:
