@@ -15,7 +15,10 @@ at each thread count, for reference, and another runs the same requests through 
 engine core alone (``EngineCore.step`` in-process: scheduling, batch, decode, sampling, no
 sockets and no frontend), so the node's time per token splits into the core's and the
 plumbing's. Prints medians over rounds and the ratio of wall time per token, TinyServe /
-llama-server; writes bench/results/stream_cost.csv (``--name``).
+llama-server; writes bench/results/stream_cost.csv (``--name``). For a TinyServe node, the
+round's mean ``llama_decode`` call from its own metrics (``tinyserve_decode_step_seconds``)
+too: with one stream a step is one token, so the wall time per token less that is what the
+engine does around the model each tick plus what the other processes take from it.
 
 llama.cpp's threads spin while they wait, so the engine's and llama-server's CPU is mostly
 threads x wall time; what tells is the CPU of everything else, which on a machine whose
@@ -44,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from common import code_at, in_fresh_process, progress, write_csv
+from common import code_at, in_fresh_process, metric_sum, progress, scrape, write_csv
 from vs_llama_server import (
     Server,
     model_id,
@@ -106,6 +109,7 @@ async def one_round(server: Server, pids: list[int], args: argparse.Namespace) -
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         if not server.model:
             server.model = await model_id(session, server.url)
+        steps_before = _decode_steps(server)
         before = cpu_by_role(pids)
         decode_s, tokens = 0.0, 0
         for i in range(args.requests):
@@ -120,12 +124,25 @@ async def one_round(server: Server, pids: list[int], args: argparse.Namespace) -
             decode_s += sample.e2e - sample.ttft
             tokens += sample.output_tokens - 1
         after = cpu_by_role(pids)
-    row: dict[str, Any] = {"ms_per_token": round(decode_s / tokens * 1e3, 3)}
+        steps_after = _decode_steps(server)
+    row: dict[str, Any] = {"ms_per_token": round(decode_s / tokens * 1e3, 3), "llama_decode_ms": ""}
+    if steps_before is not None and steps_after is not None:
+        (sum_0, count_0), (sum_1, count_1) = steps_before, steps_after
+        row["llama_decode_ms"] = round((sum_1 - sum_0) / (count_1 - count_0) * 1e3, 3)
     for role in ROLES:
         for i, kind in enumerate(("user", "sys")):
             spent = after[role][i] - before[role][i]
             row[f"{role}_{kind}_ms"] = round(spent / tokens * 1e3, 3)
     return row
+
+
+def _decode_steps(server: Server) -> tuple[float, float] | None:
+    """(seconds, calls) of a TinyServe node's ``llama_decode`` so far; None for llama-server."""
+    if not server.name.startswith("tinyserve"):
+        return None
+    metrics = scrape(server.url)
+    series = "tinyserve_decode_step_seconds"
+    return metric_sum(metrics, series + "_sum"), metric_sum(metrics, series + "_count")
 
 
 def core_alone(tokens: int, threads: int, ctx: int, slots: int, requests: int) -> float:
@@ -203,7 +220,8 @@ def summary(rows: list[dict[str, Any]]) -> None:
             of = [r for r in mine if r["server"] == name]
             if not of:
                 continue
-            keys = [k for k in of[0] if "ms" in k and k not in ("bare_ms", "core_ms")]
+            keys = [k for k, v in of[0].items() if "ms" in k and v != ""]
+            keys = [k for k in keys if k not in ("bare_ms", "core_ms")]
             shown = ", ".join(f"{k} {statistics.median(r[k] for r in of):.3f}" for k in keys)
             print(f"  {name:>12}: {shown}")
         ratio(mine, "tinyserve", "llama-server")
