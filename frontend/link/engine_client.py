@@ -185,6 +185,8 @@ class EngineClient:
     def _drain(self) -> None:
         """Take the messages waiting, ``DRAIN_BATCH`` at a time (then again on the loop's
         next turn, as the descriptor will not signal for them)."""
+        if self._loop is None:  # a turn asked for just before ``listen`` ended
+            return
         for _ in range(DRAIN_BATCH):
             try:
                 frames = self._sub.recv_multipart(zmq.NOBLOCK)
