@@ -198,9 +198,11 @@ class Tokenizer:
 
 
 def _load_vocab(path: Path) -> llama_cpp.Llama:
-    llama = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    # Ours before the load: llama-cpp-python's own prints llama.cpp's warnings to stderr, and
+    # the vocabulary-only context it makes draws one that means nothing here ("n_ctx_seq
+    # (512) > n_ctx_train (0) -- possible training context overflow").
     llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
-    return llama
+    return llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
 
 
 # llama.cpp's log lines while a grammar is built (it says there why one fails); None otherwise.

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import dataclasses
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
+import llama_cpp
+import llama_cpp._logger as llama_cpp_logger
 import pytest
 
 from tinyserve.config import build_config
@@ -98,3 +101,11 @@ async def test_ids_outside_the_vocabulary_are_refused_not_passed_to_llama_cpp(
         with pytest.raises(ValueError, match="not in the vocabulary"):
             await tokenizer.token_pieces(bad)
     assert await tokenizer.detokenize([tokenizer.n_vocab - 1])  # the last id is fine
+
+
+async def test_loading_writes_nothing_to_stderr(capfd: pytest.CaptureFixture[str]) -> None:
+    # As in a fresh frontend process: llama-cpp-python's log callback until ours is set.
+    llama_cpp.llama_log_set(llama_cpp_logger.llama_log_callback, ctypes.c_void_p(0))
+    loaded = await Tokenizer.load(build_config({}, environ={}))
+    loaded.close()
+    assert capfd.readouterr().err == ""
