@@ -134,11 +134,14 @@ def start_node(*flags: str, frontends: int = 1, code: Path | None = None) -> Nod
 
 
 @contextlib.contextmanager
-def code_at(commit: str) -> Iterator[Path]:
+def code_at(commit: str | None) -> Iterator[Path | None]:
     """A folder from which a node runs the Python code of ``commit`` (its ``tinyserve``,
     ``engine`` and ``frontend`` from a temporary git worktree), for a before/after in one
     run; the native modules stay this tree's build, so a commit whose ``.pyx`` files differ
-    is not measured as it was."""
+    is not measured as it was. No commit: None, this tree's code."""
+    if commit is None:
+        yield None
+        return
     with tempfile.TemporaryDirectory(prefix="tinyserve-code-") as tmp:
         checkout = Path(tmp) / "checkout"
         git = ["git", "-C", str(ROOT), "worktree"]

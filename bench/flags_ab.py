@@ -16,7 +16,6 @@ command), with the same client and figures as the comparison with llama-server.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shlex
 
 from common import code_at, write_csv
@@ -36,8 +35,7 @@ def main() -> None:
 
     model_path = resolve_model_path(None)
     servers = []
-    with contextlib.ExitStack() as stack:
-        a_code = stack.enter_context(code_at(args.a_commit)) if args.a_commit else None
+    with code_at(args.a_commit) as a_code:
         try:
             for name, flags, code in (("A", args.a, a_code), ("B", args.b, None)):
                 node_args = argparse.Namespace(**vars(args), tinyserve_flag=shlex.split(flags))

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import resource
 import statistics
@@ -258,8 +257,7 @@ def main() -> None:
 
     model_path = resolve_model_path(None)
     rows = []
-    with contextlib.ExitStack() as stack:
-        baseline = stack.enter_context(code_at(args.baseline)) if args.baseline else None
+    with code_at(args.baseline) as baseline:
         for threads in (int(t) for t in args.threads.split(",")):
             rows += at_threads(threads, args, model_path, baseline)
     summary(rows)
