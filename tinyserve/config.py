@@ -456,6 +456,13 @@ def notify_socket() -> str | None:
     return os.environ.get("NOTIFY_SOCKET") or None
 
 
+def journal_stream() -> tuple[int, int] | None:
+    """The device and inode of the stream systemd connected to the journal
+    (``JOURNAL_STREAM``, "dev:inode"), or None outside a unit that logs there."""
+    device, _, inode = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    return (int(device), int(inode)) if device.isdigit() and inode.isdigit() else None
+
+
 def watchdog_interval_s() -> float | None:
     """Half the watchdog timeout systemd asked for (``WATCHDOG_USEC``), or None."""
     usec = os.environ.get("WATCHDOG_USEC")

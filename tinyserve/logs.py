@@ -1,18 +1,21 @@
 """Logging set-up: plain text for people, JSON lines for machines (``--log-format``).
 
 Code logs through ``logging`` with structured fields in ``extra={"fields": {...}}``; the JSON
-formatter merges them into the line, the text formatter appends them as ``key=value``.
+formatter merges them into the line, the text formatter appends them as ``key=value``. When
+systemd connected stderr to the journal, each line starts with its syslog priority ("<4>"),
+which journald takes off and keeps as the entry's priority (``journalctl -p warning``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
-from tinyserve.config import Config
+from tinyserve.config import Config, journal_stream
 
 
 class JsonFormatter(logging.Formatter):
@@ -47,13 +50,52 @@ class TextFormatter(logging.Formatter):
         return text
 
 
+class JournalPriority(logging.Formatter):
+    """Another formatter's text with the record's syslog priority before each of its lines
+    (sd-daemon(3)'s "<N>" prefixes: a traceback's lines are entries of their own there)."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self._inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = f"<{syslog_priority(record.levelno)}>"
+        return prefix + self._inner.format(record).replace("\n", "\n" + prefix)
+
+
+def syslog_priority(levelno: int) -> int:
+    """The syslog priority of a logging level: crit 2, err 3, warning 4, info 6, debug 7."""
+    for level, priority in ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4)):
+        if levelno >= level:
+            return priority
+    return 6 if levelno >= logging.INFO else 7
+
+
+def writes_to_journal(stream: TextIO) -> bool:
+    """Whether ``stream`` is the one systemd connected to the journal: ``JOURNAL_STREAM``
+    names its device and inode (a child whose stderr was redirected inherits the variable
+    but not the stream)."""
+    journal = journal_stream()
+    if journal is None:
+        return False
+    try:
+        stat = os.fstat(stream.fileno())
+    except (OSError, ValueError):  # no descriptor: a test's capture, a closed stream
+        return False
+    return (stat.st_dev, stat.st_ino) == journal
+
+
 def setup_logging(config: Config, process_name: str) -> None:
     """Route every logger of this process to stderr in the configured format."""
     handler = logging.StreamHandler(sys.stderr)
+    formatter: logging.Formatter
     if config.log_format == "json":
-        handler.setFormatter(JsonFormatter(process_name))
+        formatter = JsonFormatter(process_name)
     else:
-        handler.setFormatter(TextFormatter(process_name))
+        formatter = TextFormatter(process_name)
+    if writes_to_journal(sys.stderr):
+        formatter = JournalPriority(formatter)
+    handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(config.log_level.upper())
