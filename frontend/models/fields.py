@@ -103,6 +103,8 @@ class Sampling(Request):
     repetition_penalty: RepetitionPenalty = Field(
         1.0, description="divide the logits of the last 64 tokens by it (1: off)"
     )
+    presence_penalty: Penalty = Field(0.0, description="penalise tokens already present")
+    frequency_penalty: Penalty = Field(0.0, description="penalise tokens by their count")
     min_tokens: MinTokens = Field(0, description="no end-of-generation token before this many")
     logit_bias: LogitBias = Field(
         {}, description="token id -> bias added to its logit (-100 bans, 100 forces)"

@@ -165,7 +165,7 @@ class Model(Reply):
     object: Literal["model"] = "model"
     created: int
     owned_by: str
-    sampling_defaults: dict[str, float] = Field(
+    sampling_defaults: dict[str, int | float] = Field(
         description="what a request that leaves out temperature, top_k, top_p or min_p gets"
     )
     sampling_defaults_source: dict[str, Literal["flag", "gguf", "built-in"]] = Field(

@@ -34,7 +34,6 @@ from tinyserve.frontend.models.fields import (
     MAX_TOKENS_TEXT,
     TENANT_PATTERN,
     OutputLength,
-    Penalty,
     Sampling,
     Temperature,
 )
@@ -73,8 +72,6 @@ class OpenAIRequest(Sampling):
         "with a seed, choice i samples with seed + i",
     )
     stream_options: StreamOptions | None = None
-    presence_penalty: Penalty = Field(0.0, description="penalise tokens already present")
-    frequency_penalty: Penalty = Field(0.0, description="penalise tokens by their count")
     response_format: ResponseFormat | None = Field(
         None, description="text, any JSON object, or JSON following a schema (enforced)"
     )

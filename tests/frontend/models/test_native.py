@@ -58,9 +58,12 @@ def test_every_field() -> None:
             "priority": -10,
             "tenant": "team-a.b_c",
             "timeline": True,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -1,
         }
     )
     assert req.max_tokens == 512 and req.stream and req.timeline
+    assert (req.sampling.presence_penalty, req.sampling.frequency_penalty) == (0.5, -1.0)
     sampling = req.sampling
     assert sampling.temperature == 2.0 and isinstance(sampling.temperature, float)
     assert (sampling.top_p, sampling.top_k, sampling.seed, req.priority) == (0.5, 40, 7, -10)
@@ -126,6 +129,8 @@ BAD_VALUES = [
     ("top_k", 1.5),
     ("top_k", 2**70),  # once a 500: msgpack cannot pack it
     ("top_k", True),
+    ("presence_penalty", 2.5),
+    ("frequency_penalty", True),
     ("seed", -1),
     ("seed", 2**32),
     ("seed", 1.5),

@@ -40,6 +40,7 @@ async def test_models(served: Client) -> None:
     assert isinstance(model["created"], int)
     assert model["sampling_defaults"] == {"temperature": 0.8, "top_k": 40, "top_p": 0.95,
                                           "min_p": 0.05}  # fmt: skip
+    assert type(model["sampling_defaults"]["top_k"]) is int  # 40, not 40.0
     assert set(model["sampling_defaults_source"].values()) == {"built-in"}
 
 
