@@ -109,7 +109,7 @@ SPECS: tuple[Spec, ...] = (
     _gauge("tinyserve_kv_blocks_used", "KV blocks reserved by requests", ENGINE, _ENGINE_GAUGE),
     _gauge("tinyserve_kv_blocks_cached", "Unreferenced KV blocks the prefix cache holds "
            "(evictable)", ENGINE, _ENGINE_GAUGE),
-    _histogram("tinyserve_queue_wait_seconds", "Request sent by the frontend to slot granted",
+    _histogram("tinyserve_queue_wait_seconds", "Engine acceptance to slot granted",
                ENGINE, SECONDS),
     _counter("tinyserve_scheduler_decisions_total", "Slots granted, by policy and the policy's "
              "rule", ENGINE, "policy", "rule"),
