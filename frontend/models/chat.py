@@ -111,8 +111,13 @@ class ChatMessage(Body):
         return TemplateMessage("system" if self.role == "developer" else self.role, text, self.name)
 
 
-# Not expressible in the document, checked here: max_tokens and max_completion_tokens agree
-# when both are given; continue_final_message needs a final assistant message.
+# Not in the document, checked here (the fields' descriptions say them): max_tokens and
+# max_completion_tokens agree when both are given; continue_final_message needs a final
+# assistant message; tools name each function once; a named tool_choice is one of them.
+# Also that response_format excludes tools: JSON Schema can say it, but a fifth conditional
+# takes the document past what schemathesis can generate requests from (tests/integration/
+# test_fuzz.py).
+_A_TOOL_CHOICE = {"anyOf": [{"enum": ["auto", "required"]}, {"type": "object"}]}
 _CHAT_RULES: JsonDict = {
     "allOf": [
         STREAM_RULE,
@@ -123,6 +128,7 @@ _CHAT_RULES: JsonDict = {
             {"add_generation_prompt": {"enum": [False, None]}},
             required=False,
         ),
+        schema_rule("tool_choice", _A_TOOL_CHOICE, {"tools": {"type": "array", "minItems": 1}}),
     ]
 }
 
@@ -135,18 +141,26 @@ class ChatCompletionRequest(OpenAIRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     logprobs: bool = Field(False, description="report logprobs of each token")
     top_logprobs: LogprobCount | None = Field(None, description="alternatives per token")
-    max_completion_tokens: OutputLength = Field(None, description="same as max_tokens")
+    max_completion_tokens: OutputLength = Field(
+        None, description="same as max_tokens (both given: they must agree)"
+    )
     add_generation_prompt: bool | None = Field(
         None,
         description="end the prompt with the assistant's header "
         "(default: true unless continue_final_message)",
     )
     continue_final_message: bool = Field(
-        False, description="the reply continues the final (assistant) message"
+        False, description="the reply continues the final message, which must be the assistant's"
     )
-    tools: list[Tool] = Field([], description="functions the model may call")
+    tools: list[Tool] = Field(
+        [],
+        description="functions the model may call, each name once; a response_format other "
+        "than text needs tool_choice none",
+    )
     tool_choice: ToolChoice | None = Field(
-        None, description="none, auto (the default with tools), required, or a named function"
+        None,
+        description="none, auto (the default with tools), required, or a named function (one "
+        "of tools); anything but none needs tools",
     )
     parallel_tool_calls: bool = Field(True, description="the reply may hold several calls")
     # Ignored: bookkeeping and hints for OpenAI's own service, or only meaningful with tools.

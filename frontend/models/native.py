@@ -12,7 +12,14 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
 from tinyserve.config import Config
-from tinyserve.frontend.models.common import Reply, Text, cross_field, expect, is_none
+from tinyserve.frontend.models.common import (
+    Reply,
+    Text,
+    cross_field,
+    expect,
+    is_none,
+    schema_rule,
+)
 from tinyserve.frontend.models.errors import ErrorDetail
 from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, OutputLength, Sampling
 from tinyserve.frontend.models.openai_requests import LogprobCount
@@ -22,6 +29,13 @@ from tinyserve.frontend.structured.constraints import Constraint
 
 class GenerateRequest(Sampling):
     """``POST /generate``."""
+
+    # As the validator below: a JSON schema and a grammar exclude each other.
+    model_config = ConfigDict(
+        json_schema_extra=schema_rule(
+            "json_schema", {"type": "object"}, {"grammar": {"enum": ["", None]}}, required=False
+        )
+    )
 
     prompt: Annotated[Text, Field(min_length=1), expect("a non-empty string")] = Field(
         description="text to continue; special tokens are parsed"

@@ -17,8 +17,10 @@ SchemaName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 class JsonSchemaSpec(Body):
     name: SchemaName = Field(description="the schema's name (1-64 of A-Z, a-z, 0-9, _ and -)")
     # "schema" shadows a BaseModel attribute, hence the alias.
-    schema_: dict[str, Any] = Field(
-        {}, alias="schema", description="JSON schema the reply follows (see docs/api.md)"
+    schema_: dict[str, Any] | None = Field(
+        None,
+        alias="schema",
+        description="JSON schema the reply follows (see docs/api.md); absent or null: any JSON",
     )
     description: Text | None = Field(None, description=IGNORED)
     strict: bool | None = Field(

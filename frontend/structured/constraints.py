@@ -57,7 +57,8 @@ def response_format_constraint(response_format: Any) -> Constraint:
     """OpenAI's ``response_format`` (already validated)."""
     kind = "text" if response_format is None else response_format.type
     if kind == "json_schema":
-        return Constraint("response_format", schema=response_format.json_schema.schema_)
+        schema = response_format.json_schema.schema_
+        return Constraint("response_format", schema={} if schema is None else schema)
     return Constraint("response_format", json_object=kind == "json_object")
 
 

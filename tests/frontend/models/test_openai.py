@@ -101,6 +101,16 @@ def test_null_is_the_default_for_every_known_field() -> None:
     assert req.generation(CONFIG) == Generation("", 32, SamplingParams(temperature=1.0))
 
 
+def test_a_null_schema_in_response_format_is_any_json() -> None:
+    # The document lets every optional property be null, nested ones too.
+    constraints = [
+        chat(response_format={"type": "json_schema", "json_schema": spec}).constraint()
+        for spec in ({"name": "n", "schema": None}, {"name": "n"})
+    ]
+    assert constraints[0] == constraints[1]
+    assert constraints[0].schema == {}
+
+
 def test_a_bool_is_no_default_number() -> None:
     assert rejected(completion, best_of=True).param == "best_of"
 
