@@ -30,6 +30,7 @@ from tinyserve.config import Config
 from tinyserve.engine import forks, prompt_logprobs
 from tinyserve.engine.deadline import due_ns
 from tinyserve.engine.drafts import TickDrafts
+from tinyserve.engine.drain import DrainRate
 from tinyserve.engine.kv_space import KvSpace
 from tinyserve.engine.policies import Policy, make_policy
 from tinyserve.engine.prefix_cache import PrefixCache
@@ -61,7 +62,6 @@ from tinyserve_native.kv_blocks import BlockAccountant
 
 log = logging.getLogger(__name__)
 
-DRAIN_WINDOW_S = 10.0
 QUEUED = (Status.WAITING, Status.BLOCKED)  # accepted, no slot yet: what --queue-timeout bounds
 
 
@@ -105,7 +105,7 @@ class EngineCore:
         self._arrivals = 0
         self._grants = 0  # slot grants so far: "admitted ahead of it" in timelines
         self.recent = RecentTimelines(config.timeline_keep)
-        self._finished_at: deque[int] = deque()
+        self.drain = DrainRate(config.chunk)
         self._batch: Batch | None = None  # decoded this tick
 
     @property
@@ -231,6 +231,7 @@ class EngineCore:
     def step(self) -> TickReport:
         """One tick: expire, admit, build one batch, decode it, sample, report."""
         now = self.clock()
+        self.drain.step(now, bool(self.running))
         self._batch = None
         self._expire(now)
         self._unblock()
@@ -440,7 +441,7 @@ class EngineCore:
         cached = seq.timeline.prefix_tokens
         self.drafts.finish(seq.request, reason, detail, cached, timeline)
         self.drafts.finished(Finish(reason, cause, seq.prompt_len, cached, seq.timeline))
-        self._finished_at.append(now)
+        self.drain.finished()
 
     def _record(self, timeline: Timeline) -> dict[str, Any]:
         """Keep a finished request's timeline for queries; returns it as the API shows it."""
@@ -502,13 +503,6 @@ class EngineCore:
         seq = self.by_id.get(request_id)
         return seq.timeline.to_dict() if seq is not None else self.recent.get(request_id)
 
-    def drain_rate(self) -> float:
-        """Requests finished per second over the last ``DRAIN_WINDOW_S`` seconds."""
-        horizon = self.clock() - int(DRAIN_WINDOW_S * 1e9)
-        while self._finished_at and self._finished_at[0] < horizon:
-            self._finished_at.popleft()
-        return len(self._finished_at) / DRAIN_WINDOW_S
-
     def load(self) -> Load:
         """The load now: for the board and the gauges, taken once per pass."""
         blocks = self.blocks
@@ -519,7 +513,7 @@ class EngineCore:
             blocks.total,
             blocks.used,
             blocks.cached,
-            self.drain_rate(),
+            self.drain.rate(self.running),
         )
 
 

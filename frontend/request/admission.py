@@ -16,10 +16,10 @@ from tinyserve import capacity, protocol
 
 RETRY_MIN_S = 1
 RETRY_MAX_S = 60
-# Drain rate assumed while none is known (nothing finished within the engine's window: a cold
-# start, or only long requests running). It errs towards an early retry, which costs the
-# client one more 503 that carries a fresh estimate, over a minute of idling.
-PRIOR_DRAIN_RATE = 1.0
+# Retry-After while the engine knows no drain rate (engine/drain.py: nothing has finished or
+# run since it started): it has one within a step or two of having work, so come back soon
+# for an estimate; one more 503 costs a client less than sleeping through an idle engine.
+RETRY_UNKNOWN_S = 2
 # No restart time is known when the engine is down; a few seconds keeps clients from hammering.
 ENGINE_DOWN_RETRY_S = 5
 REASON_DRAINING = protocol.REJECT_DRAINING
@@ -66,9 +66,10 @@ class Rejection:
 
 
 def retry_after_s(requests_ahead: int, drain_rate: float) -> int:
-    """Seconds until ``requests_ahead`` requests have left at the recent ``drain_rate``."""
-    rate = drain_rate if drain_rate > 0 else PRIOR_DRAIN_RATE
-    seconds = max(requests_ahead, 1) / rate
+    """Seconds until ``requests_ahead`` requests have left at the engine's ``drain_rate``."""
+    if drain_rate <= 0:
+        return RETRY_UNKNOWN_S
+    seconds = max(requests_ahead, 1) / drain_rate
     # Compare before ceil(): a tiny rate gives inf, which has no integer ceiling.
     if seconds >= RETRY_MAX_S:
         return RETRY_MAX_S
