@@ -105,7 +105,7 @@ class EngineCore:
         self._arrivals = 0
         self._grants = 0  # slot grants so far: "admitted ahead of it" in timelines
         self.recent = RecentTimelines(config.timeline_keep)
-        self.drain = DrainRate(config.chunk)
+        self.drain = DrainRate(config.chunk, config.slots)
         self._batch: Batch | None = None  # decoded this tick
 
     @property

@@ -8,7 +8,10 @@ it last had work; a wall-clock window would have emptied, and every refused clie
 the frontends' prior instead (with a long queue ahead, the 60 s cap). With no finish in the
 window (the first requests since the engine started, or requests longer than the window),
 the running requests' own pace stands in: each leaves after the steps it has left (prompt
-chunks and tokens up to its ``max_tokens``, one each), at the recent time per step.
+chunks and tokens up to its ``max_tokens``, one each), at the recent time per step. With
+fewer finishes than slots in the window (not yet one wave of them), the larger of the two
+counts: one early finish over a second of work would otherwise read as a rate of one a
+second, and a queue of 64 ahead as the 60 s cap (``bench/retry_after.py``).
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ STEP_WEIGHT = 0.2  # of the newest step in the running time per step
 class DrainRate:
     """The engine's drain rate: told when each step starts and when a request finishes."""
 
-    def __init__(self, chunk: int) -> None:
+    def __init__(self, chunk: int, slots: int) -> None:
         self._chunk = chunk  # prompt tokens a step prefills per sequence, at most
+        self._slots = slots
         self._busy_ns = 0  # the clock of work
         self._last_step_ns: int | None = None
         self._step_s = 0.0  # recent seconds per step while requests run
@@ -53,9 +57,13 @@ class DrainRate:
         horizon = self._busy_ns - int(WINDOW_S * 1e9)
         while self._finished and self._finished[0] < horizon:
             self._finished.popleft()
-        if self._finished:
-            span_s = min(WINDOW_S, max(self._busy_ns / 1e9, MIN_SPAN_S))
-            return len(self._finished) / span_s
+        span_s = min(WINDOW_S, max(self._busy_ns / 1e9, MIN_SPAN_S))
+        measured = len(self._finished) / span_s
+        if len(self._finished) >= self._slots:
+            return measured
+        return max(measured, self._pace(running))
+
+    def _pace(self, running: list[Sequence]) -> float:
         if not running or not self._step_s:
             return 0.0
         steps = sum(self._steps_left(seq) for seq in running) / len(running)

@@ -109,11 +109,15 @@ def admit(
             f"{queued} requests are queued (limit {limits.max_queue})",
             retry_after_s(_requests_to_free(need - free, load), load.drain_rate),
         )
+    # Retry once the queue ahead has drained, not once one place in it is free: accepted
+    # sooner, the request would wait behind those anyway, and every client refused in the
+    # same burst comes back at that moment to find the queue full again (the openai client
+    # gives up after two retries: bench/retry_after.py --max-tokens 8).
     return Rejection(
         503,
         protocol.REJECT_QUEUE_FULL,
         f"{queued} requests are queued (limit {limits.max_queue})",
-        retry_after_s(queued - limits.max_queue + 1, load.drain_rate),
+        retry_after_s(queued, load.drain_rate),
     )
 
 

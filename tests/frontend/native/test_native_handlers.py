@@ -158,7 +158,7 @@ async def test_queue_full_is_rejected_before_the_engine(served: Client, engine: 
     response = await served.post("/generate", json={"prompt": "Hi"})
     error = await error_of(response, 503)
     assert error["reason"] == "queue_full"
-    assert response.headers["Retry-After"] == "2"  # one must leave the queue at 0.5/s
+    assert response.headers["Retry-After"] == "8"  # the 4 queued must leave, at 0.5/s
     assert engine.submits == []
 
 

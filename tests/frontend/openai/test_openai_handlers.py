@@ -188,7 +188,7 @@ async def test_queue_full_is_an_openai_503(served: Client, engine: FakeEngine) -
     response = await served.post("/v1/chat/completions", json=CHAT)
     error = await openai_error(response, 503)
     assert (error["type"], error["code"]) == ("server_error", "queue_full")
-    assert response.headers["Retry-After"] == "2"
+    assert response.headers["Retry-After"] == "8"  # the 4 queued must leave, at 0.5/s
 
 
 async def test_engine_rejection_is_an_openai_503(served: Client, engine: FakeEngine) -> None:

@@ -123,9 +123,11 @@ def test_queue_full_retry_after_grows_with_the_queue_ahead() -> None:
     long_queue = admit(10, 6, LIMITS, load(waiting=8, pending_requests=12, drain_rate=1.0))
     slow = admit(10, 6, LIMITS, load(waiting=8, drain_rate=0.1))
     assert fast is not None and long_queue is not None and slow is not None
-    assert fast.retry_after == 1  # one request must leave the queue, one finishes per second
-    assert long_queue.retry_after == 13
-    assert slow.retry_after == 10
+    # The 8 queued must leave (one a second), not just one: the clients refused with this one
+    # would all come back when a single place is free.
+    assert fast.retry_after == 8
+    assert long_queue.retry_after == 20
+    assert slow.retry_after == RETRY_MAX_S
 
 
 def test_kv_full_retry_after_counts_requests_that_must_finish() -> None:
