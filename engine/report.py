@@ -84,7 +84,7 @@ class Load:
     blocks_total: int
     blocks_used: int
     blocks_cached: int
-    drain_rate: float  # requests finished per second, recently
+    drain_rate: float  # requests leaving per second of work (engine/drain.py)
 
 
 @dataclass(slots=True)

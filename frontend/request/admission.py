@@ -45,7 +45,7 @@ class Load:
     blocks_used: int
     waiting: int
     running: int
-    drain_rate: float  # requests finished per second, recently
+    drain_rate: float  # requests leaving the engine per second of work (engine/drain.py)
     pending_blocks: int = 0
     pending_requests: int = 0
     draining: bool = False
