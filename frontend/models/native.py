@@ -12,14 +12,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
 from tinyserve.config import Config
-from tinyserve.frontend.models.common import (
-    Reply,
-    Text,
-    cross_field,
-    expect,
-    is_none,
-    schema_rule,
-)
+from tinyserve.frontend.models.common import Reply, Text, cross_field, expect, is_none, schema_rule
 from tinyserve.frontend.models.errors import ErrorDetail
 from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, OutputLength, Sampling
 from tinyserve.frontend.models.openai_requests import LogprobCount
