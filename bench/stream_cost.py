@@ -219,8 +219,8 @@ def summary(rows: list[dict[str, Any]]) -> None:
             of = [r for r in mine if r["server"] == name]
             if not of:
                 continue
-            keys = [k for k, v in of[0].items() if "ms" in k and v != ""]
-            keys = [k for k in keys if k not in ("bare_ms", "core_ms")]
+            keys = [k for k, v in of[0].items()
+                    if "ms" in k and v != "" and k not in ("bare_ms", "core_ms")]  # fmt: skip
             shown = ", ".join(f"{k} {statistics.median(r[k] for r in of):.3f}" for k in keys)
             print(f"  {name:>12}: {shown}")
         ratio(mine, "tinyserve", "llama-server")

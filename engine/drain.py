@@ -40,8 +40,9 @@ class DrainRate:
     def step(self, now_ns: int, running: bool) -> None:
         """A step starts at ``now_ns``; ``running``: requests ran since the last one started."""
         if running and self._last_step_ns is not None:
-            elapsed_s = (now_ns - self._last_step_ns) / 1e9
-            self._busy_ns += now_ns - self._last_step_ns
+            elapsed_ns = now_ns - self._last_step_ns
+            self._busy_ns += elapsed_ns
+            elapsed_s = elapsed_ns / 1e9
             if self._step_s:
                 self._step_s += STEP_WEIGHT * (elapsed_s - self._step_s)
             else:

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import time
+from logging.handlers import SysLogHandler
 from typing import Any, TextIO
 
 from tinyserve.config import Config, journal_stream
@@ -59,16 +60,11 @@ class JournalPriority(logging.Formatter):
         self._inner = inner
 
     def format(self, record: logging.LogRecord) -> str:
-        prefix = f"<{syslog_priority(record.levelno)}>"
+        # The standard library's syslog handler's table: crit 2, err 3, warning 4, info 6,
+        # debug 7 (a level it does not know is a warning, as there).
+        name = SysLogHandler.priority_map.get(record.levelname, "warning")
+        prefix = f"<{SysLogHandler.priority_names[name]}>"
         return prefix + self._inner.format(record).replace("\n", "\n" + prefix)
-
-
-def syslog_priority(levelno: int) -> int:
-    """The syslog priority of a logging level: crit 2, err 3, warning 4, info 6, debug 7."""
-    for level, priority in ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4)):
-        if levelno >= level:
-            return priority
-    return 6 if levelno >= logging.INFO else 7
 
 
 def writes_to_journal(stream: TextIO) -> bool:
