@@ -134,34 +134,35 @@ class EngineCore:
             return
         seq = Sequence(request, [], 0, status=Status.NEW, policy_name=self.policy.name)
         self.by_id[request.request_id] = seq  # from here a failure ends it like any request
+        now = self.clock()
         with self._serving(seq, "accepting it"):
             # First come, first served for blocks: nobody passes a request that waits for them.
-            if self.blocked or not self._reserve(seq):
-                seq.status, seq.blocked_ns = Status.BLOCKED, self.clock()
+            if self.blocked or not self._reserve(seq, now):
+                seq.status, seq.blocked_ns = Status.BLOCKED, now
                 self.blocked.append(seq)
             self.drafts.accepted(request)
 
-    def _reserve(self, seq: Sequence) -> bool:
-        """Reserve ``seq``'s blocks and queue it for a slot; False (holding nothing) when the
-        free and evictable blocks are not enough now."""
+    def _reserve(self, seq: Sequence, now: int) -> bool:
+        """Reserve ``seq``'s blocks and queue it for a slot (accepted at ``now``); False
+        (holding nothing) when the free and evictable blocks are not enough now."""
         own = self.kv.reserve(seq, forks.leader_of(seq, self.by_id))
         if own is None:
             return False
         self._arrivals += 1
         seq.order = self._arrivals
-        now, waiting = self.clock(), len(self.policy)
+        waiting = len(self.policy)
         kv_wait = now - seq.blocked_ns if seq.status is Status.BLOCKED else 0
         seq.timeline.accept(self.tick, now, own, self._grants, len(self.running), waiting, kv_wait)
         self.policy.add(seq)
         seq.status = Status.WAITING
         return True
 
-    def _unblock(self) -> None:
+    def _unblock(self, now: int) -> None:
         """Requests waiting for KV blocks get them in arrival order, while there is room."""
         while self.blocked:
             seq = self.blocked[0]
             with self._serving(seq, "reserving its blocks"):
-                if not self._reserve(seq):
+                if not self._reserve(seq, now):
                     return
             if self.blocked and self.blocked[0] is seq:  # reserved, or ended by a failure
                 self.blocked.popleft()
@@ -234,7 +235,9 @@ class EngineCore:
         self.drain.step(now, bool(self.running))
         self._batch = None
         self._expire(now)
-        self._unblock()
+        # One stamp for the tick's acceptances and grants: a slot is never granted before
+        # its request was accepted.
+        self._unblock(now)
         self._admit(now)
         batch = self._build_batch()
         if batch:

@@ -200,8 +200,12 @@ def test_a_request_short_of_kv_blocks_waits_for_them_and_keeps_its_place(driver:
     driver.run()
     assert driver.final(late).finish_reason == p.FINISH_LENGTH
     assert driver.final(small).finish_reason == p.FINISH_LENGTH
-    accepted = driver.final(late).timeline["accepted"]  # type: ignore[index]
-    assert accepted["kv_wait_ms"] > 0
+    timeline = driver.final(late).timeline
+    assert timeline is not None
+    assert timeline["accepted"]["kv_wait_ms"] > 0
+    # Accepted when its blocks freed up, granted a slot no earlier.
+    assert timeline["slot"]["ms"] >= timeline["accepted"]["ms"]
+    assert timeline["queue"]["wait_ms"] >= 0
     assert driver.core.blocks.used == 0 and not driver.core.blocked
 
 
