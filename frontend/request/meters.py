@@ -62,27 +62,16 @@ class RequestMeter:
             return
         self._ended = True
         rec = self.record
-        finish = rec.replied_finish
         status = str(code if code is not None else CLIENT_CLOSED)
+        self._m.counter("tinyserve_requests_total").labels(rec.outcome(code), status).inc()
+        finish = rec.replied_finish
         if finish is None:
-            reason = rec.cancel_reason or _reason_without_finish(code)
-            self._m.counter("tinyserve_requests_total").labels(reason, status).inc()
             return
-        self._m.counter("tinyserve_requests_total").labels(finish.reason, status).inc()
         duration = rec.ns_since_arrival() / 1e9
         self._m.histogram("tinyserve_request_duration_seconds").observe(duration)
         if finish.prompt_tokens:  # an end the engine reported (not one made up here)
             self._m.histogram("tinyserve_request_prompt_tokens").observe(finish.prompt_tokens)
             self._m.histogram("tinyserve_request_generation_tokens").observe(rec.generated)
-
-
-def _reason_without_finish(code: int | None) -> str:
-    """The outcome of a request that ended before the engine accepted it."""
-    if code is None:
-        return protocol.FINISH_CANCELLED  # the client went away
-    if code < 500 or code == 503:
-        return protocol.FINISH_REJECTED  # bad input, admission, engine rejection, no engine
-    return protocol.FINISH_ERROR
 
 
 def count_rejection(metrics: Metrics, reason: str) -> None:

@@ -83,8 +83,9 @@ def admission_figures(
     }
 
 
-def log_fields(record: RequestRecord) -> dict[str, Any]:
-    """The ``request finished`` line's fields."""
+def log_fields(record: RequestRecord, code: int | None) -> dict[str, Any]:
+    """The ``request finished`` line's fields; ``code`` is the status sent, None when the
+    client went away first."""
     finish = record.finish
     timeline = finish.timeline if finish is not None else None
     ttft = record.ttft_ns
@@ -94,7 +95,7 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
         "tenant": record.generation.tenant,
         "priority": record.generation.priority,
         "status": record.status,
-        "finish_reason": finish.reason if finish is not None else None,
+        "finish_reason": record.outcome(code),
         "error": record.error,
         "prompt_tokens": record.prompt_tokens,
         "cached_tokens": finish.cached_tokens if finish is not None else 0,
@@ -124,11 +125,12 @@ def observe(
         record.status, record.error = 500, "internal_error"
         raise
     finally:
-        line = log_fields(record)
+        code = None if record.error == CLIENT_CLOSED_ERROR else record.status
+        line = log_fields(record, code)
         log.info("request finished", extra=fields(**line))
         if record.span is not None:
             _end_span(record.span, line)
-        on_end(None if record.error == CLIENT_CLOSED_ERROR else record.status)
+        on_end(code)
 
 
 def _start_span(request: web.Request, record: RequestRecord) -> Span | None:

@@ -58,15 +58,14 @@ async def _run(
     prompt_ids: list[int] | None,
     meter: RequestMeter,
 ) -> web.StreamResponse:
-    app = request.app
-    prompt_ids = await _prompt_ids(request, record.generation, prompt_ids)
-    record.prompt_tokens, record.prompt_ids = len(prompt_ids), prompt_ids
-    with step(request, record, "admission"):
-        blocks = _admit(request, record)
-    submit = _submit_message(record, prompt_ids, app[CLIENT].frontend_id)
     try:
+        prompt_ids = await _prompt_ids(request, record.generation, prompt_ids)
+        record.prompt_tokens, record.prompt_ids = len(prompt_ids), prompt_ids
+        with step(request, record, "admission"):
+            blocks = _admit(request, record)
+        submit = _submit_message(record, prompt_ids, request.app[CLIENT].frontend_id)
         return await _forward(request, record, submit, blocks, reply, meter)
-    except ApiError as exc:
+    except ApiError as exc:  # its reply names the request its log line and metrics count
         exc.request_id = record.request_id
         raise
 
@@ -152,7 +151,9 @@ async def _forward(
     try:
         return await _reply(request, record, stream, reply)
     except ClientStalled as stalled:
-        reason = protocol.FINISH_CLIENT_STALLED
+        # Counted as stalled even when the engine had already finished: the client never got
+        # the end.
+        reason = record.cancel_reason = protocol.FINISH_CLIENT_STALLED
         log.warning("client stopped reading", extra=fields(request_id=record.request_id))
         return stalled.response
     finally:

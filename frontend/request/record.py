@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 from opentelemetry.trace import Span
 
+from tinyserve import protocol
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.streams import Finish, Piece
 
@@ -44,7 +45,7 @@ class RequestRecord:
     token_gap_ns: int = 0  # between the last two pieces that carried tokens
     generated: int = 0
     finish: Finish | None = None
-    cancel_reason: str = ""  # the finish reason of a cancel the frontend sent, if any
+    cancel_reason: str = ""  # why the frontend ended it, if it did (a cancel it sent, a stall)
     status: int = 200
     error: str | None = None
     span: Span | None = None  # the request's server span; None with tracing off
@@ -80,6 +81,20 @@ class RequestRecord:
     def replied_finish(self) -> Finish | None:
         """The end the reply took; None when it ended before or without one."""
         return self.finish if self.replied else None
+
+    def outcome(self, code: int | None) -> str:
+        """How it ended, as its metrics and its log line name it: the end the reply took,
+        else why the frontend ended it, else what ``code`` (the status sent; None when the
+        client went away first) says of a request that ended before the engine accepted it."""
+        if self.replied_finish is not None:
+            return self.replied_finish.reason
+        if self.cancel_reason:
+            return self.cancel_reason
+        if code is None:
+            return protocol.FINISH_CANCELLED
+        if code < 500 or code == 503:
+            return protocol.FINISH_REJECTED  # bad input, admission, engine rejection, no engine
+        return protocol.FINISH_ERROR
 
     @property
     def ttft_ns(self) -> int | None:

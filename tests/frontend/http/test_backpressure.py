@@ -16,6 +16,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from tests.frontend.harness import FakeEngine, accepted, until, wait_serving
+from tests.frontend.request.test_meters import delta, scrape
 from tinyserve import protocol
 from tinyserve.config import Config, build_config
 from tinyserve.frontend.http.app import build_app
@@ -121,6 +122,27 @@ async def test_a_stalled_reader_is_cancelled_and_others_are_not_slowed(
     assert cancel.reason == protocol.FINISH_CLIENT_STALLED
     await until(lambda: served.app[CLIENT].in_flight == 0)
     # The server dropped the connection: the client reads what was sent, then EOF.
+    while await reader.read(65536):
+        pass
+    writer.close()
+
+
+async def test_a_stalled_reader_is_counted_as_stalled_even_after_the_engine_finished(
+    served: Client, engine: FakeEngine
+) -> None:
+    engine.tick_s = 0.0005
+    engine.script = long_script(b"x" * 4096, 200)  # 800 KB, all sent within a second
+    before = await scrape(served)
+    reader, writer = await open_stream(served.server.port, {"prompt": "Hi", "stream": True})
+    requests = "tinyserve_requests_total"
+
+    async def counted() -> bool:
+        after = await scrape(served)
+        return delta(before, after, requests, finish_reason="client_stalled", code="200") == 1
+
+    await until(counted, timeout_s=20)
+    assert not engine.cancels  # nothing to stop: the engine had finished it
+    assert delta(before, await scrape(served), requests, finish_reason="rejected", code="200") == 0
     while await reader.read(65536):
         pass
     writer.close()

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from tests.frontend.harness import MAX_QUEUE, FakeEngine, Tick, accepted
+from tests.frontend.harness import MAX_QUEUE, FakeEngine, Tick, accepted, until
 from tinyserve import protocol
 from tinyserve.frontend.native import request_timeline
 from tinyserve.logs import JsonFormatter
@@ -80,8 +80,32 @@ async def test_rejected_request_is_logged_with_its_status_and_reason(
     response = await served.post("/generate", json={"prompt": "hi"})
     assert response.status == 503
     (line,) = request_lines(caplog)
-    assert (line["status"], line["error"], line["finish_reason"]) == (503, "queue_full", None)
+    assert (line["status"], line["error"], line["finish_reason"]) == (503, "queue_full", "rejected")
     assert line["generated_tokens"] == 0 and line["ttft_ms"] is None
+    # The rejection names the request its log line (and its metrics) count.
+    assert response.headers["X-Request-Id"] == line["request_id"]
+
+
+async def test_a_client_that_leaves_mid_stream_is_logged_as_cancelled(
+    served: Client, engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    def slow(_submit: protocol.Submit) -> list[Tick]:
+        return [[accepted()]] + [[{"token_ids": [1], "text": b"x"}] for _ in range(500)]
+
+    caplog.set_level(logging.INFO, logger="tinyserve.requests")
+    engine.tick_s, engine.script = 0.02, slow
+    body = {"prompt": "hi", "max_tokens": 200, "stream": True}
+    response = await served.post("/generate", json=body)
+    assert (await response.content.readuntil(b"\n\n")).startswith(b"data: ")
+    response.close()
+    await until(lambda: bool(request_lines(caplog)))
+    (line,) = request_lines(caplog)
+    assert (line["status"], line["error"], line["finish_reason"]) == (
+        499,
+        "client_closed",
+        "cancelled",
+    )
+    assert line["generated_tokens"] >= 1
 
 
 async def test_admission_figures_travel_in_the_submit(served: Client, engine: FakeEngine) -> None:
