@@ -55,8 +55,7 @@ async def json_reply(stream: RequestStream, record: RequestRecord, load: LoadNow
     if error is not None:
         error.request_id = record.request_id
         return error.response()
-    reply = _reply(record, output.finish, output.tokens, output.text)
-    reply.prompt_logprobs = _prompt_logprobs(record, output.prompt_logprobs)
+    reply = _reply(record, output.finish, output.tokens, output.text, output.prompt_logprobs)
     return json_response(reply, headers={"X-Request-Id": record.request_id})
 
 
@@ -68,16 +67,21 @@ class _NativeEvents:
         self._record = record
         self._load = load
         self._tokens = 0
+        self._prompt_logprobs: list[list[Any]] = []  # the engine's, for the final event
         self._final_sent = False
 
     async def events(self) -> AsyncGenerator[bytes, None]:
         record = self._record
         async for piece in self._stream.pieces():
             self._tokens += piece.tokens
+            self._prompt_logprobs += piece.prompt_logprobs
             if piece.text:
                 yield sse_event(GenerateDelta(id=record.request_id, text=piece.text))
             if piece.finish is not None:
-                yield sse_event(_final_event(record, piece.finish, self._tokens, self._load()))
+                final = _final_event(
+                    record, piece.finish, self._tokens, self._prompt_logprobs, self._load()
+                )
+                yield sse_event(final)
                 self._final_sent = True  # resumed only once the final event was written
 
     def failure_events(self) -> list[bytes]:
@@ -96,11 +100,15 @@ class _NativeEvents:
 
 
 def _final_event(
-    record: RequestRecord, finish: Finish, tokens: int, load: Load | None
+    record: RequestRecord,
+    finish: Finish,
+    tokens: int,
+    prompt_entries: list[list[Any]],
+    load: Load | None,
 ) -> GenerateReply | GenerateFailure:
     error = finish_error(finish, load)
     if error is None:
-        return _reply(record, finish, tokens, "")
+        return _reply(record, finish, tokens, "", prompt_entries)
     return GenerateFailure(
         id=record.request_id,
         error=error.body().error,
@@ -109,13 +117,18 @@ def _final_event(
     )
 
 
-def _reply(record: RequestRecord, finish: Finish, tokens: int, text: str) -> GenerateReply:
+def _reply(
+    record: RequestRecord, finish: Finish, tokens: int, text: str, prompt_entries: list[list[Any]]
+) -> GenerateReply:
+    """The reply, or a stream's final event (with empty ``text``); ``prompt_entries`` are
+    the engine's prompt logprobs."""
     return GenerateReply(
         id=record.request_id,
         text=text,
         finish_reason=cast(NativeFinishReason, finish.reason),  # errors went another way
         usage=_usage(record, finish, tokens),
         timeline=_timeline(record, finish),
+        prompt_logprobs=_prompt_logprobs(record, prompt_entries),
     )
 
 

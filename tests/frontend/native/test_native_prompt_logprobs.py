@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient
 
 from tests.frontend.harness import FakeEngine, Tick, accepted
+from tests.frontend.native.test_native_handlers import sse_events
 from tinyserve import protocol
 
 Client = TestClient[Any, Any]
@@ -25,12 +27,15 @@ def script(submit: protocol.Submit) -> list[Tick]:
     return [[first], [finish]]
 
 
+@pytest.mark.parametrize("stream", [False, True])
 async def test_prompt_logprobs_pair_each_prompt_token_with_its_entry(
-    served: Client, engine: FakeEngine
+    served: Client, engine: FakeEngine, stream: bool
 ) -> None:
     engine.script = script
     body = {"prompt": "The cat sat on the mat", "max_tokens": 1, "prompt_logprobs": 2}
-    reply = await (await served.post("/generate", json=body)).json()
+    response = await served.post("/generate", json={**body, "stream": stream})
+    # A stream's final event carries them, as the whole reply does.
+    reply = (await sse_events(response))[-1] if stream else await response.json()
     [submit] = engine.submits
     assert submit.prompt_logprobs == 2
     entries = reply["prompt_logprobs"]
