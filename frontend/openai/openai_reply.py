@@ -241,7 +241,8 @@ async def collect_or_error(
 
 
 class ChoiceChunks:
-    """The chunks of one choice of a streamed reply, at its ``index``."""
+    """The chunks of one choice of a streamed reply, at its ``index``; ``record`` is the
+    call's (its first choice's): as OpenAI's, every chunk of a call carries one id."""
 
     def __init__(
         self, reply: OpenAIReply, record: RequestRecord, load: LoadNow, index: int = 0
@@ -321,7 +322,7 @@ class StreamEvents:
         self._records = records
         self._pieces = pieces  # (choice index, piece)
         self._prompt_tokens = prompt_tokens  # None: the one choice's record says
-        self._choices = [ChoiceChunks(reply, r, load, i) for i, r in enumerate(records)]
+        self._choices = [ChoiceChunks(reply, records[0], load, i) for i in range(len(records))]
         self._done = False
 
     async def events(self) -> AsyncGenerator[bytes, None]:

@@ -120,6 +120,8 @@ async def test_several_choices_stream_each_at_its_index(served: Client, engine: 
         assert "".join(c["text"] for c in mine) == "xx"
         assert [c["finish_reason"] for c in mine if c["finish_reason"]] == ["length"]
     assert len(engine.submits) == 4
+    # As OpenAI's: every chunk of the call carries its one id, the first choice's.
+    assert {p["id"] for p in payloads[:-1]} == {"cmpl-" + engine.submits[0].request_id}
 
 
 async def test_chat_n_streams(served: Client, engine: FakeEngine) -> None:
@@ -131,6 +133,7 @@ async def test_chat_n_streams(served: Client, engine: FakeEngine) -> None:
         mine = [c for c in deltas if c["index"] == index]
         assert mine[0]["delta"] == {"role": "assistant", "content": ""}
         assert "".join(c["delta"].get("content", "") for c in mine) == "Hello"
+    assert len({p["id"] for p in payloads[:-1]}) == 1
 
 
 async def test_echo_does_not_stream(served: Client, engine: FakeEngine) -> None:
