@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 INVALID_REQUEST = "invalid_request"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # 415: a body that is not said to be JSON
+REQUEST_TIMEOUT = "request_timeout"  # 408: the body did not arrive within --body-timeout
 SERVICE_UNAVAILABLE = "service_unavailable"
 TOO_MANY_REQUESTS = "too_many_requests"  # 429: this frontend's own limit, not the node's
 ENGINE_ERROR = "engine_error"

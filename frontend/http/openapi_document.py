@@ -97,6 +97,7 @@ _ERROR_TEXT = {
     401: "no valid API key (only when the server has keys; WWW-Authenticate: Bearer)",
     413: "body over the server's --max-body-bytes",
     404: "unknown model, or no recent request with that id",
+    408: "the body did not arrive within the server's --body-timeout",
     415: "a Content-Type other than JSON (none at all is taken as JSON)",
     429: "this frontend is at --max-connections (frontend_busy); retry after Retry-After",
     500: "engine or server error",
@@ -163,8 +164,9 @@ def _operation(op: Operation) -> dict[str, Any]:
     responses: dict[str, Any] = {"200": {"description": "OK", "content": ok}}
     for status in op.errors:
         responses[str(status)] = _error_response(status, op.error_schema)
-    if op.request is not None:
-        responses["413"] = _error_response(413, op.error_schema)
+    if op.request is not None:  # every body is read by the same gate (models/parse.py)
+        for status in (408, 413):
+            responses[str(status)] = _error_response(status, op.error_schema)
     operation: dict[str, Any] = {"summary": op.summary, "responses": responses}
     if not is_open(op.path):
         # A key is needed only once the server has any (docs/api.md): bearer, or nothing.

@@ -9,6 +9,7 @@ feature we lack is reported before a bad value, since it says more about what we
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any, TypeVar
@@ -17,7 +18,13 @@ from aiohttp import hdrs, web
 from pydantic import BaseModel, ValidationError
 
 from tinyserve.config import Config
-from tinyserve.frontend.http.api_errors import UNSUPPORTED_MEDIA_TYPE, ApiError, invalid
+from tinyserve.frontend.http.api_errors import (
+    REQUEST_TIMEOUT,
+    UNSUPPORTED_MEDIA_TYPE,
+    ApiError,
+    invalid,
+)
+from tinyserve.frontend.http.appkeys import CONFIG
 from tinyserve.frontend.models.common import CROSS_FIELD, UNSUPPORTED, limited
 
 M = TypeVar("M", bound=BaseModel)
@@ -34,7 +41,9 @@ _NOT_AN_OBJECT = frozenset({"model_type", "model_attributes_type", "dict_type"})
 async def json_body(request: web.Request) -> bytes:
     """The body of a request that says it is JSON, or says nothing; any other Content-Type is a
     415. Browsers send forms and text/plain across sites without asking (no CORS preflight), so
-    a JSON-only API refusing them cannot be driven by a page the user happens to visit."""
+    a JSON-only API refusing them cannot be driven by a page the user happens to visit. A body
+    that has not arrived within ``--body-timeout`` is a 408 and the connection is closed: a
+    client that sends half a body and waits must not hold a request's place forever."""
     if hdrs.CONTENT_TYPE in request.headers:
         media = request.content_type.lower()
         if media != "application/json" and not (
@@ -42,7 +51,12 @@ async def json_body(request: web.Request) -> bytes:
         ):
             message = f"Content-Type must be application/json, not {media!r}"
             raise ApiError(415, UNSUPPORTED_MEDIA_TYPE, message)
-    return await request.read()
+    timeout_s = request.app[CONFIG].body_timeout
+    try:
+        return await asyncio.wait_for(request.read(), timeout_s or None)
+    except TimeoutError:
+        message = f"the request body did not arrive within {timeout_s:g} s (body_timeout)"
+        raise ApiError(408, REQUEST_TIMEOUT, message, headers={"Connection": "close"}) from None
 
 
 def parse_body(body: bytes, model: type[M], config: Config) -> M:

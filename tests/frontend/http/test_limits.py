@@ -1,9 +1,10 @@
-"""Request limits, each a 4xx (or 503 for the in-flight cap) with a message naming it:
-body size, prompt tokens, max_tokens, stop strings, requests in progress per frontend."""
+"""Request limits, each a 4xx with a message naming it: body size, the time to send it,
+prompt tokens, max_tokens, stop strings, requests in progress per frontend."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from tests.frontend.harness import FakeEngine, accepted, until, wait_serving
 from tinyserve import protocol
 from tinyserve.config import Config, build_config
 from tinyserve.frontend.http.app import build_app
+from tinyserve.frontend.http.gate import GATE
 
 Client = TestClient[Any, Any]
 LONG_PROMPT = "one two three four five six seven eight nine ten"
@@ -22,7 +24,8 @@ LONG_PROMPT = "one two three four five six seven eight nine ten"
 
 @pytest.fixture
 def config(tmp_path: Path) -> Config:
-    limits = {"max_body_bytes": 4096, "max_prompt_tokens": 5, "max_connections": 2}
+    limits = {"max_body_bytes": 4096, "max_prompt_tokens": 5, "max_connections": 2,
+              "body_timeout": 0.5}  # fmt: skip
     return build_config(
         {"runtime_dir": str(tmp_path), "max_tokens_limit": 256, **limits}, environ={}
     )
@@ -60,6 +63,26 @@ async def test_body_over_the_limit_is_a_json_413_naming_it(served: Client) -> No
     # Just under the limit is read and judged on its content.
     fits = {"prompt": "a" * 3000, "max_tokens": 1}
     assert (await served.post("/generate", json=fits)).status != 413
+
+
+async def test_a_body_that_stops_arriving_is_a_408_and_frees_its_place(served: Client) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.server.port)
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        "Content-Length: 100\r\n\r\n"
+    )
+    writer.write(head.encode() + b'{"model": "fake", ')  # and then nothing more
+    await until(lambda: served.app[GATE].in_progress == 1)
+    headers = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).decode()
+    status, *lines = headers.strip().split("\r\n")
+    fields = dict(line.split(": ", 1) for line in lines)
+    body = json.loads(await reader.readexactly(int(fields["Content-Length"])))
+    writer.close()
+    assert status.startswith("HTTP/1.1 408") and fields["Connection"] == "close"
+    assert body["error"]["code"] == "request_timeout" and "body_timeout" in body["error"]["message"]
+    assert served.app[GATE].in_progress == 0
+    # A body that arrives in time is read whole.
+    assert (await served.post("/v1/completions", json=completion(max_tokens=2))).status == 200
 
 
 async def test_prompt_over_max_prompt_tokens_is_a_400_naming_it(
