@@ -115,7 +115,12 @@ def _served_model(request: web.Request) -> str:
 
 
 def _check_model(request: web.Request, model: str) -> None:
-    served = _served_model(request)
+    """A 404 for a model this server does not serve. Without the engine's word there is none
+    to check against: the pipeline answers that 503, counted and logged as every request's."""
+    ack = request.app[LINK].ack
+    if ack is None:
+        return
+    served = ack.model_name
     if model != served:
         message = f"model {model!r} does not exist; this server serves {served!r}"
         raise ApiError(404, MODEL_NOT_FOUND, message, param="model")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient
 
 from tests.frontend.harness import MAX_QUEUE, FakeEngine, accepted, with_logprobs
+from tests.frontend.request.test_meters import delta, scrape
 from tinyserve import protocol
 
 Client = TestClient[Any, Any]
@@ -47,6 +49,20 @@ async def test_models(served: Client) -> None:
 async def test_models_without_engine_is_an_openai_503(client: Client) -> None:
     error = await openai_error(await client.get("/v1/models"), 503)
     assert (error["type"], error["code"]) == ("server_error", "engine_unavailable")
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_a_generation_without_engine_is_an_openai_503_counted_as_rejected(
+    client: Client, path: str
+) -> None:
+    before = await scrape(client)
+    response = await client.post(path, json=COMPLETION if path == "/v1/completions" else CHAT)
+    error = await openai_error(response, 503)
+    assert (error["type"], error["code"]) == ("server_error", "engine_unavailable")
+    assert response.headers["X-Request-Id"]
+    after = await scrape(client)
+    total = "tinyserve_requests_total"
+    assert delta(before, after, total, finish_reason="rejected", code="503") == 1
 
 
 async def test_completion_json(served: Client, engine: FakeEngine) -> None:
