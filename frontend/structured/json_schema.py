@@ -8,7 +8,8 @@ given unbounded whitespace may emit newlines until ``max_tokens``.
 
 Supported: ``type`` (one or a list), ``object`` (``properties``, ``required``,
 ``additionalProperties: false`` or absent; properties come out in declared order, required
-before optional), ``array`` (``items``, ``minItems``, ``maxItems``, ``prefixItems``),
+before optional; without ``properties``, ``additionalProperties`` may be a schema that every
+member's value follows), ``array`` (``items``, ``minItems``, ``maxItems``, ``prefixItems``),
 ``string`` (``minLength``, ``maxLength``), ``integer`` (bounds, exclusive too), ``number``
 (whole-number ``minimum``/``maximum``), ``boolean``, ``null``, ``enum``, ``const``,
 ``anyOf``/``oneOf`` (as alternatives), ``allOf`` of one schema, and ``$ref`` into ``$defs`` or
@@ -186,12 +187,16 @@ class _Converter:
 
     def _object(self, schema: dict[str, Any], path: str) -> str:
         properties = schema.get("properties", {})
-        unsaid = "properties" not in schema and not schema.get("required")
-        if unsaid and schema.get("additionalProperties", True) is not False:
-            return "object"  # any object: nothing said about its members
-        extra = schema.get("additionalProperties", False)
+        extra = schema.get("additionalProperties")
+        if not properties and not schema.get("required"):
+            if isinstance(extra, dict) and extra:
+                return self._map(extra, f"{path}/additionalProperties")
+            if "properties" not in schema and extra is not False:
+                return "object"  # any object: nothing said about its members
         if extra not in (False, None):
-            raise SchemaError(f"{path}/additionalProperties", "only false with 'properties'")
+            raise SchemaError(
+                f"{path}/additionalProperties", "only false, or a schema without 'properties'"
+            )
         required = schema.get("required", [])
         if not isinstance(properties, dict) or not isinstance(required, list):
             raise SchemaError(path, "'properties' must be an object and 'required' a list")
@@ -205,6 +210,11 @@ class _Converter:
         needed = [pairs[n] for n in properties if n in required]
         optional = [pairs[n] for n in properties if n not in required]
         return self.rule(f'"{{" ws {_members(needed, optional)} "}}"')
+
+    def _map(self, values: dict[str, Any], path: str) -> str:
+        """An object of any members, each value one ``values`` accepts."""
+        member = f'string ws ":" ws {self.visit(values, path)} ws'
+        return self.rule(f'"{{" ws ({member} ("," ws {member})*)? "}}"')
 
     def _array(self, schema: dict[str, Any], path: str) -> str:
         if "prefixItems" in schema:

@@ -111,6 +111,19 @@ def test_grammar_and_jsonschema_agree(accepts: Accepts, value: Any) -> None:
     assert accepts(schema_to_grammar(SCHEMA), json.dumps(value, separators=(",", ":"))) == valid
 
 
+MAP = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
+
+
+@pytest.mark.parametrize(
+    "value", [{}, {"a": 1}, {"a": 1, "b": 20}, {"a": -1}, {"a": "1"}, {"a": 1, "b": None}, []]
+)
+def test_a_schema_for_additional_properties_holds_for_every_member(
+    accepts: Accepts, value: Any
+) -> None:
+    valid = jsonschema.Draft202012Validator(MAP).is_valid(value)
+    assert accepts(schema_to_grammar(MAP), json.dumps(value, separators=(",", ":"))) == valid
+
+
 @pytest.mark.parametrize(
     ("schema", "says"),
     [
@@ -122,8 +135,8 @@ def test_grammar_and_jsonschema_agree(accepts: Accepts, value: Any) -> None:
         ({"type": "object", "required": ["x"]}, "'x' has no schema"),
         ({"allOf": [{"type": "string"}, {"maxLength": 2}]}, "one schema only"),
         ({"type": "thing"}, "unknown type"),
-        ({"type": "object", "properties": {}, "additionalProperties": {"type": "string"}},
-         "only false"),
+        ({"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "string"}},
+         "a schema without 'properties'"),
     ],
 )  # fmt: skip
 def test_unsupported_features_are_named(schema: Any, says: str) -> None:
