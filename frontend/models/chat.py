@@ -89,6 +89,10 @@ class ChatMessage(Body):
     tool_call_id: Text | None = Field(None, description="the call a tool message answers")
     refusal: EmptyOnly = None
     audio: EmptyOnly = None
+    annotations: EmptyOnly = None
+    # The openai client's parse() puts the content, parsed, beside it; a reply message sent
+    # back as it came keeps it.
+    parsed: Any = Field(None, description=IGNORED)
 
     @model_validator(mode="after")
     def _content_unless_assistant(self) -> Self:

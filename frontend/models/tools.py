@@ -42,6 +42,8 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 class CalledFunction(Body):
     name: Text
     arguments: Text = Field(description="the arguments as JSON text")
+    # The openai client's parse() puts the arguments, parsed, beside them.
+    parsed_arguments: Any = Field(None, description=IGNORED)
 
 
 class ToolCallIn(Body):

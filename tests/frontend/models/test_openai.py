@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from openai.types.chat.parsed_chat_completion import ParsedChatCompletionMessage
+from openai.types.chat.parsed_function_tool_call import ParsedFunction, ParsedFunctionToolCall
 
 from tinyserve.config import build_config
 from tinyserve.frontend.http.api_errors import ApiError
@@ -201,6 +203,20 @@ def test_messages_roles_and_content() -> None:
         ChatMessage("assistant", ""),
         ChatMessage("user", "c", "bob"),
     ]
+
+
+def test_a_reply_message_the_openai_client_parsed_can_be_sent_back_as_it_came() -> None:
+    call = ParsedFunctionToolCall(
+        id="call_1",
+        type="function",
+        function=ParsedFunction(name="f", arguments='{"a": 1}', parsed_arguments={"a": 1}),
+    )
+    reply = ParsedChatCompletionMessage(
+        role="assistant", content='{"a": 1}', parsed={"a": 1}, tool_calls=[call]
+    )
+    messages = [{"role": "user", "content": "a"}, reply.model_dump()]
+    [_, assistant] = chat(messages=messages).template_messages()
+    assert assistant.role == "assistant" and assistant.content.startswith('{"a": 1}')
 
 
 @pytest.mark.parametrize(
