@@ -97,13 +97,15 @@ def tools_grammar(tools: list[Tool], choice: ToolChoice, parallel: bool) -> str:
     return "\n".join([f"root ::= {root}", f"call ::= {call}", *rules]) + "\n" + PRIMITIVES
 
 
-def parse_calls(text: str) -> list[ToolCall]:
+def parse_calls(text: str, cut: bool = False) -> list[ToolCall]:
     """The tool calls ``text`` holds, or none when it is not (only) calls: plain text, or a
-    call cut short by ``max_tokens``."""
+    lone call cut short. With ``cut`` (``max_tokens`` ended the reply) a call left unfinished
+    after complete ones is dropped and the complete ones kept."""
     if not text.lstrip().startswith(OPEN):
         return []
     bodies = _CALL.findall(text)
-    if not bodies or _CALL.sub("", text).strip():
+    rest = _CALL.sub("", text).strip()
+    if rest and not (cut and _unfinished_call(rest) and text.rstrip().endswith(rest)):
         return []
     calls = []
     for body in bodies:
@@ -119,13 +121,20 @@ def parse_calls(text: str) -> list[ToolCall]:
     return calls
 
 
+def _unfinished_call(text: str) -> bool:
+    """``text`` is the start of one call that never reached its end."""
+    return (text.startswith(OPEN) or OPEN.startswith(text)) and text.count(OPEN) <= 1
+
+
 def reply_message(text: str, reason: FinishReason) -> tuple[AssistantMessage, FinishReason]:
-    """The assistant message for ``text`` and its finish reason: tool calls (``tool_calls``)
-    when it holds them, else the text as it is."""
-    calls = parse_calls(text)
+    """The assistant message for ``text`` and its finish reason: tool calls when it holds
+    them (``tool_calls``, or ``length`` when ``max_tokens`` cut a further call short), else
+    the text as it is."""
+    cut = reason == "length"
+    calls = parse_calls(text, cut)
     if not calls:
         return AssistantMessage(content=text), reason
-    return AssistantMessage(content=None, tool_calls=calls), "tool_calls"
+    return AssistantMessage(content=None, tool_calls=calls), "length" if cut else "tool_calls"
 
 
 class HeldText:

@@ -72,6 +72,14 @@ def test_replies_parse_into_calls_or_stay_text() -> None:
     for text in ("Hello", '<tool_call>\n{"name": "get_time", "argu', call("f", {}) + " and"):
         message, reason = tool_calls.reply_message(text, "length")
         assert (message.content, message.tool_calls, reason) == (text, None, "length")
+    # max_tokens cut a second call short: the first, complete, is kept; the reason says cut.
+    for tail in ('\n<tool_call>\n{"name": "get_ti', "\n<tool_", "\n<tool_call>"):
+        message, reason = tool_calls.reply_message(call("f", {"x": 1}) + tail, "length")
+        assert [c.function.name for c in message.tool_calls or []] == ["f"]
+        assert (message.content, reason) == (None, "length")
+        # Not cut, the same text is no list of calls.
+        message, reason = tool_calls.reply_message(call("f", {"x": 1}) + tail, "stop")
+        assert message.tool_calls is None and reason == "stop"
 
 
 def test_stream_holds_back_only_what_may_be_a_call() -> None:
