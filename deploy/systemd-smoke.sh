@@ -52,7 +52,7 @@ inside() {  # the namespace's PID 1-to-be: set up the private view, then exec sy
     printf '[Unit]\nDefaultDependencies=no\n' >$s/tinyserve.target.d/smoke.conf
     printf "[Unit]\nDefaultDependencies=no\n[Service]\nStandardOutput=append:/run/tslog/%%N.log\nStandardError=inherit\nWatchdogSec=4\nEnvironment=TINYSERVE_THREADS=1 TINYSERVE_DRAIN_TIMEOUT=5\n$home" \
         >$s/tinyserve-engine.service.d/smoke.conf
-    printf "[Unit]\nDefaultDependencies=no\n[Service]\nStandardOutput=append:/run/tslog/%%N.log\nStandardError=inherit\nEnvironment=TINYSERVE_DRAIN_TIMEOUT=5\n$home" \
+    printf "[Unit]\nDefaultDependencies=no\n[Service]\nStandardOutput=append:/run/tslog/%%N.log\nStandardError=inherit\nWatchdogSec=4\nEnvironment=TINYSERVE_DRAIN_TIMEOUT=5\n$home" \
         >$s/tinyserve-frontend@.service.d/smoke.conf
     exec env container=tinyserve-smoke /lib/systemd/systemd --system --unit=tinyserve.target \
         --log-target=console --show-status=no
@@ -135,6 +135,16 @@ echo "ok: systemctl restart of a frontend: /ready $ready while draining, in-flig
 sleep 0.5
 wait_ready 30
 echo "ok: frontend kill -9 -> restarted (NRestarts=$(state "tinyserve-frontend@${PORTS[0]}" NRestarts))"
+
+stopped=$(now)
+"${S[@]}" kill -STOP "$(state "tinyserve-frontend@${PORTS[0]}" MainPID)"
+restarts=$(state "tinyserve-frontend@${PORTS[0]}" NRestarts)
+until [ "$(state "tinyserve-frontend@${PORTS[0]}" NRestarts)" -gt "$restarts" ]; do
+    awk -v t="$(since "$stopped")" 'BEGIN { exit !(t < 20) }' || fail "hung frontend not restarted"
+    sleep 0.2
+done
+wait_ready 30
+echo "ok: hung frontend (SIGSTOP) killed by the watchdog and restarted, serving $(since "$stopped") s later"
 
 "${S[@]}" systemctl stop tinyserve.target
 for unit in tinyserve-engine "tinyserve-frontend@${PORTS[0]}" "tinyserve-frontend@${PORTS[1]}"; do

@@ -14,7 +14,7 @@ import signal
 from aiohttp import web
 
 from tinyserve import metrics
-from tinyserve.config import FRONTEND, Config, notify_socket
+from tinyserve.config import FRONTEND, Config, notify_socket, watchdog_interval_s
 from tinyserve.errors import TinyServeError
 from tinyserve.frontend.http.app import build_app
 from tinyserve.frontend.http.appkeys import LINK
@@ -62,6 +62,7 @@ async def _serve(config: Config, app: web.Application) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     notifier = Notifier(notify_socket())
+    pings: asyncio.Task[None] | None = None
     # After a stop signal, drain_app refuses new requests and gives in-flight ones
     # drain_timeout seconds; handlers still running after a short grace are cancelled, which
     # cancels them in the engine too.
@@ -73,6 +74,9 @@ async def _serve(config: Config, app: web.Application) -> int:
             return 0 if stop.is_set() else 1
         notifier.ready(f"serving on {url}")
         log.info("ready", extra=fields(url=url))
+        every_s = watchdog_interval_s() if notifier.enabled else None
+        if every_s:  # from the event loop itself: a loop that hangs stops pinging
+            pings = asyncio.create_task(_ping_watchdog(notifier, every_s))
         await stop.wait()
         log.info("stopping")
         notifier.stopping()
@@ -85,8 +89,16 @@ async def _serve(config: Config, app: web.Application) -> int:
         log.error("cannot listen", extra=fields(host=config.host, port=config.port, error=str(exc)))
         return 1
     finally:
+        if pings is not None:
+            pings.cancel()
         await runner.cleanup()
         notifier.close()
+
+
+async def _ping_watchdog(notifier: Notifier, every_s: float) -> None:
+    while True:
+        notifier.watchdog()
+        await asyncio.sleep(every_s)
 
 
 async def _listen(runner: web.AppRunner, config: Config) -> str:

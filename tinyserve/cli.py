@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import sys
 from collections.abc import Sequence
 
@@ -22,6 +23,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         add_arguments(commands.add_parser(role, help=text, description=text), role)
     args = parser.parse_args(argv)
     config = build_config(args, role=args.command)
+    # A crash in native code, or the SIGABRT a watchdog sends a hung process, prints every
+    # thread's Python stack to stderr (the log) first: where it died or hung.
+    faulthandler.enable(all_threads=True)
     if args.command == ENGINE:
         from tinyserve.engine.proc import run as run_engine
 

@@ -206,6 +206,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("frontends", _pint, 2, "frontend processes to start", _SRV),
     Option("restart_limit", _nnint, 5, "restarts of a process per --restart-interval", _SRV),
     Option("restart_interval", _positive(float), 120.0, "seconds --restart-limit spans", _SRV),
+    Option("watchdog_sec", _nnfloat, 30.0, "seconds a child may not ping: hung (0: off)", _SRV),
 )
 
 
@@ -241,6 +242,7 @@ class Config:
     frontends: int
     restart_limit: int
     restart_interval: float
+    watchdog_sec: float
     policy: str
     prefix_cache: bool
     cache_seqs: int

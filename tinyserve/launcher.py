@@ -6,7 +6,10 @@ unlinking its sockets or metrics. Each child reports readiness with the sd_notif
 on a socket of its own, exactly as it would to systemd.
 
 A child that dies while the node runs is restarted after a back-off (``RestartPolicy``);
-one that dies too often, or during the node's first start, stops the node. On
+one that dies too often, or during the node's first start, stops the node. A child that
+hangs is made to die, as systemd's ``WatchdogSec`` would: each pings ``WATCHDOG=1`` from its
+main loop, and one silent for ``--watchdog-sec`` after its READY=1 gets SIGABRT (its Python
+stacks go to the log), then SIGKILL if it is still there after a grace. On
 Ctrl-C/SIGTERM the frontends stop first (they drain their streams while the engine still
 runs), then the engine. Should the launcher itself die, even by SIGKILL, the kernel sends
 every child SIGTERM (``procs.die_with_parent``), so they drain and exit too.
@@ -53,6 +56,7 @@ class Launcher:
             [*python, ENGINE, *config.flags_for(ENGINE)],
             os.path.join(run, "notify-engine"),
             self._policy(),
+            watchdog_s=config.watchdog_sec,
         )
         self.frontends = [
             Child(
@@ -61,6 +65,7 @@ class Launcher:
                 os.path.join(run, f"notify-frontend-{i}"),
                 self._policy(),
                 config.secret_env_for(FRONTEND),
+                config.watchdog_sec,
             )
             for i in range(config.frontends)
         ]
@@ -123,7 +128,10 @@ class Launcher:
                 log.info("%s restarted (pid %d)", child.name, child.pid)
             return
         ended = child.exit_description()
-        if ended is None or self.stop_requested:
+        if self.stop_requested:
+            return
+        if ended is None:
+            self._watch(child, now)
             return
         what = f"{child.name} (pid {child.pid}) {ended}"
         delay = child.policy.on_death(now)
@@ -136,6 +144,24 @@ class Launcher:
             )
         log.error("%s; restarting it in %.1f s", what, delay)
         child.restart_at = now + delay
+
+    def _watch(self, child: Child, now: float) -> None:
+        """SIGABRT to a child that stopped pinging; SIGKILL once the grace is over (a
+        stopped process never takes the SIGABRT). Its death then restarts it."""
+        assert child.process is not None
+        if child.aborted_at is not None:
+            if now - child.aborted_at > STOP_GRACE_S:
+                child.process.kill()
+            return
+        if child.hung(now):
+            log.error(
+                "%s (pid %d) sent no watchdog ping for %g s (--watchdog-sec); aborting it",
+                child.name,
+                child.pid,
+                child.watchdog_s,
+            )
+            child.process.send_signal(signal.SIGABRT)
+            child.aborted_at = now
 
     # -- stop --------------------------------------------------------------------------------
 

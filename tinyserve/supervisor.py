@@ -1,7 +1,8 @@
 """The pieces of ``tinyserve serve``'s supervision: when to restart, and one child process.
 
 ``RestartPolicy`` is plain logic on a clock the caller passes in (tests drive it directly).
-``Child`` is one engine or frontend process with the sd_notify socket it reports READY=1 on,
+``Child`` is one engine or frontend process with the sd_notify socket it reports READY=1 and
+its watchdog pings on (``WATCHDOG_USEC`` is set for it as systemd's ``WatchdogSec`` would),
 started so that it dies with the launcher (``procs.die_with_parent``).
 """
 
@@ -11,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -62,9 +64,12 @@ class Child:
     notify_path: str
     policy: RestartPolicy
     secret_env: dict[str, str] = field(default_factory=dict)  # kept off the command line
+    watchdog_s: float = 0.0  # once ready, a ping at least this often or it is hung (0: off)
     process: subprocess.Popen[bytes] | None = None
     restart_at: float | None = None  # while dead: when to start it again (monotonic)
     notify: socket.socket | None = None
+    alive_at: float | None = None  # its last READY=1 or WATCHDOG=1 (monotonic); None before
+    aborted_at: float | None = None  # when the launcher sent it SIGABRT as hung
 
     def open_notify(self) -> None:
         """Bind the notify socket (replacing a stale one: call it only in a runtime dir that
@@ -76,7 +81,12 @@ class Child:
 
     def start(self) -> None:
         self.take_ready()  # a READY=1 left by the previous incarnation is not this one's
+        self.alive_at = self.aborted_at = None
         env = dict(os.environ, **self.secret_env, NOTIFY_SOCKET=self.notify_path)
+        env.pop("WATCHDOG_PID", None)  # a systemd watchdog of the launcher's is not its own
+        env.pop("WATCHDOG_USEC", None)
+        if self.watchdog_s:
+            env["WATCHDOG_USEC"] = str(int(self.watchdog_s * 1e6))
         # A session of its own: a terminal's Ctrl-C reaches only us, and we stop the
         # children in order instead of all at once. If we die, even by SIGKILL, the kernel
         # sends it SIGTERM, which drains it: no process of the node outlives its launcher.
@@ -94,15 +104,26 @@ class Child:
         return self.process is not None and self.process.poll() is None
 
     def take_ready(self) -> bool:
-        """Read every pending notification; whether one of them said READY=1."""
+        """Read every pending notification; whether one of them said READY=1. Either that
+        or WATCHDOG=1 says it is alive now."""
         ready = False
         while self.notify is not None:
             try:
-                message = self.notify.recv(4096)
+                lines = self.notify.recv(4096).split(b"\n")
             except BlockingIOError:
                 break
-            ready = ready or b"READY=1" in message.split(b"\n")
+            ready = ready or b"READY=1" in lines
+            if b"READY=1" in lines or (self.alive_at is not None and b"WATCHDOG=1" in lines):
+                self.alive_at = time.monotonic()
         return ready
+
+    def hung(self, now: float) -> bool:
+        """Ready once, and no ping for longer than its watchdog allows."""
+        return (
+            bool(self.watchdog_s)
+            and self.alive_at is not None
+            and (now - self.alive_at > self.watchdog_s)
+        )
 
     def exit_description(self) -> str | None:
         """None while running (or never started), else how it ended, in words."""

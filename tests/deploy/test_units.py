@@ -78,8 +78,9 @@ def test_services_are_notify_restarted_and_hardened(name: str) -> None:
     assert "--runtime-dir %t/tinyserve" in one(unit, "Service.ExecStart")
 
 
-def test_engine_has_a_watchdog() -> None:
-    assert int(one(directives(ENGINE), "Service.WatchdogSec")) >= 10
+def test_engine_and_frontends_have_a_watchdog() -> None:
+    for unit in (ENGINE, FRONTEND):
+        assert int(one(directives(unit), "Service.WatchdogSec")) >= 10, unit
 
 
 def test_frontends_start_after_the_engine_and_survive_its_restarts() -> None:

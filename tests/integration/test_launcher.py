@@ -27,13 +27,15 @@ from tinyserve.model import default_model_path
 pytestmark = pytest.mark.integration
 
 SMALL = ("--ctx", "1024")  # a small KV cache: the model loads faster
+WATCHDOG_S = 3
 LONG = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 500, "ignore_eos": True}
 CLI = [sys.executable, "-m", "tinyserve.cli"]
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    running = Node(tmp_path_factory.mktemp("supervised"), *SMALL, frontends=1).start()
+    watchdog = ("--watchdog-sec", str(WATCHDOG_S))
+    running = Node(tmp_path_factory.mktemp("supervised"), *SMALL, *watchdog, frontends=1).start()
     yield running
     assert running.stop() == 0
 
@@ -55,7 +57,7 @@ async def status_of(session: aiohttp.ClientSession, method: str, url: str, **kw:
         async with session.request(method, url, **kw) as resp:
             await resp.read()
             return resp.status
-    except aiohttp.ClientConnectionError:
+    except (aiohttp.ClientConnectionError, TimeoutError):
         return 0
 
 
@@ -169,6 +171,28 @@ async def test_a_killed_frontend_is_restarted(
     assert f"frontend 0 (pid {frontend}) killed by SIGKILL; restarting it in 0.5 s" in node.log()
     with capsys.disabled():
         print(f"\nfrontend kill -9: serving again after {back - killed:.2f} s")
+
+
+@pytest.mark.parametrize("which", ["engine", "frontend 0"])
+async def test_a_hung_process_is_killed_by_the_watchdog_and_restarted(
+    node: Node, which: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def pid() -> int:
+        return node.engine_pid() if which == "engine" else frontend_pids(node)[0]
+
+    hung = pid()
+    stopped = time.monotonic()
+    os.kill(hung, signal.SIGSTOP)  # it never takes the SIGABRT: the SIGKILL after the grace
+    # A stopped frontend leaves connections waiting in its listen queue: short timeouts.
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+        back = await serving(session, node.url, 60)
+    assert pid() != hung
+    log = node.log()
+    said = f"{which} (pid {hung}) sent no watchdog ping for {WATCHDOG_S} s (--watchdog-sec)"
+    assert said in log
+    assert f"{which} (pid {hung}) killed by SIGKILL; restarting it" in log
+    with capsys.disabled():
+        print(f"\n{which} hung (SIGSTOP): serving again after {back - stopped:.2f} s")
 
 
 async def test_a_killed_launcher_takes_its_node_with_it(
