@@ -66,6 +66,8 @@ OPERATIONS: tuple[Operation, ...] = (
               errors=(503,)),
     Operation("get", "/v1/models", "The served model", openai_reply_bodies.ModelList, errors=(503,),
               error_schema=OpenAIError),
+    Operation("get", "/v1/models/{model}", "The served model, by its id",
+              openai_reply_bodies.Model, errors=(404, 503), error_schema=OpenAIError),
     Operation("post", "/v1/completions", "OpenAI completions", openai_reply_bodies.Completion,
               openai_requests.CompletionRequest, openai_reply_bodies.CompletionChunk,
               _GENERATION_ERRORS, OpenAIError),

@@ -12,7 +12,12 @@ from tinyserve.frontend.http.metrics_route import metrics_handler
 from tinyserve.frontend.http.openapi_document import openapi_json
 from tinyserve.frontend.native.native_handlers import generate, health, ready
 from tinyserve.frontend.native.request_timeline import request_timeline
-from tinyserve.frontend.openai.openai_handlers import chat_completions, completions, list_models
+from tinyserve.frontend.openai.openai_handlers import (
+    chat_completions,
+    completions,
+    list_models,
+    retrieve_model,
+)
 from tinyserve.frontend.tokenize.tokenize_handlers import detokenize, tokenize, tokenizer_info
 
 
@@ -31,6 +36,7 @@ ROUTES = (
     Route("GET", "/ready", ready),
     Route("GET", "/v1/requests/{request_id}", request_timeline),
     Route("GET", "/v1/models", list_models),
+    Route("GET", "/v1/models/{model:.+}", retrieve_model),  # an id may hold a "/"
     Route("POST", "/v1/completions", completions),
     Route("POST", "/v1/chat/completions", chat_completions),
     Route("POST", "/tokenize", tokenize),

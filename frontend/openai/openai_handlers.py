@@ -1,5 +1,5 @@
-"""OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/completions``,
-``POST /v1/chat/completions``.
+"""OpenAI-compatible routes: ``GET /v1/models`` (and ``/v1/models/{model}``),
+``POST /v1/completions``, ``POST /v1/chat/completions``.
 
 Each parses its body into its model (``models.openai_requests``, ``models.chat``), checks the
 model id against the one the engine serves, and runs the same pipeline as ``/generate`` with
@@ -37,17 +37,26 @@ OWNED_BY = "tinyserve"
 
 async def list_models(request: web.Request) -> web.Response:
     """The one served model; its id is ``--model-name`` or the model file's name."""
-    model = _served_model(request)
+    return json_response(ModelList(data=[_model_entry(request)]))
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    """The served model by its id (the openai client's ``models.retrieve``); another id is
+    a 404."""
+    _check_model(request, request.match_info["model"])
+    return json_response(_model_entry(request))
+
+
+def _model_entry(request: web.Request) -> Model:
     created = int(request.app[TOKENIZER].facts.model_path.stat().st_mtime)
     defaults = _defaults(request)
-    entry = Model(
-        id=model,
+    return Model(
+        id=_served_model(request),
         created=created,
         owned_by=OWNED_BY,
         sampling_defaults=defaults.values,
         sampling_defaults_source=defaults.sources,
     )
-    return json_response(ModelList(data=[entry]))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

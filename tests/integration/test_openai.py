@@ -59,6 +59,15 @@ def test_model_is_the_file_name(model: str) -> None:
     assert model == "SmolLM2-135M-Instruct.Q4_1"
 
 
+def test_the_model_is_retrieved_by_its_id(client: openai.OpenAI, model: str) -> None:
+    retrieved = client.models.retrieve(model)
+    assert (retrieved.id, retrieved.owned_by) == (model, "tinyserve")
+    assert retrieved == client.models.list().data[0]
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-4o")
+    assert missing.value.code == "model_not_found"
+
+
 def test_chat_with_the_model_template(client: openai.OpenAI, model: str) -> None:
     reply = client.chat.completions.create(
         model=model, messages=QUESTION, max_tokens=24, temperature=0

@@ -46,6 +46,15 @@ async def test_models(served: Client) -> None:
     assert set(model["sampling_defaults_source"].values()) == {"built-in"}
 
 
+async def test_a_model_is_retrieved_by_its_id(served: Client) -> None:
+    [listed] = (await (await served.get("/v1/models")).json())["data"]
+    assert await (await served.get("/v1/models/fake")).json() == listed
+    # An id may hold a "/" (a --model-name such as org/name): it reaches the model check.
+    for other in ("gpt-4o", "org/fake"):
+        error = await openai_error(await served.get(f"/v1/models/{other}"), 404)
+        assert (error["code"], error["param"]) == ("model_not_found", "model")
+
+
 async def test_models_without_engine_is_an_openai_503(client: Client) -> None:
     error = await openai_error(await client.get("/v1/models"), 503)
     assert (error["type"], error["code"]) == ("server_error", "engine_unavailable")
