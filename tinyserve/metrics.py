@@ -33,8 +33,10 @@ METRICS_SUBDIR = "metrics"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # what prometheus-client reads
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-# Seconds, 1 ms .. 60 s in 1-2.5-5 steps: a decode step (ms) up to a long queue wait (a minute).
-SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
+# Seconds, 1 ms .. 10 min: a decode step (ms) up to a long request under load (thousands of
+# tokens while others share the batch), which would otherwise all land in +Inf.
+SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60,
+           120, 300, 600)  # fmt: skip
 # Token counts in powers of two: a request's prompt or output, a tick's batch (--ctx bounds all).
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # Requests in one batch: one per slot (--slots, 8 by default).

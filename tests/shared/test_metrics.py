@@ -93,7 +93,7 @@ def test_histograms_have_buckets_for_what_they_measure() -> None:
             assert spec.buckets == BATCH
         else:
             assert "tokens" in spec.name and spec.buckets == TOKENS, spec.name
-    assert (SECONDS[0], SECONDS[-1]) == (0.001, 60)
+    assert (SECONDS[0], SECONDS[-1]) == (0.001, 600)
     for buckets in (SECONDS, TOKENS, BATCH):
         assert list(buckets) == sorted(set(buckets))
     assert TOKENS[0] == 1 and BATCH[0] == 1
