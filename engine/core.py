@@ -284,10 +284,16 @@ class EngineCore:
         rule = self.policy.rule(seq)
         seq.timeline.grant(self.tick + 1, now, slot, rule, self._grants)
         self._grants += 1
-        request = seq.request
+        request, accepted = seq.request, seq.timeline.accepted
         wait_s = (seq.timeline.wait_ms() or 0.0) / 1e3
+        kv_wait_s = accepted.kv_wait_ns / 1e9 if accepted is not None else 0.0
         grant = Grant(
-            seq.request_id, self.policy.rule_kind, request.tenant, request.priority, wait_s
+            seq.request_id,
+            self.policy.rule_kind,
+            request.tenant,
+            request.priority,
+            wait_s,
+            kv_wait_s,
         )
         self.drafts.granted(grant)
         self.samplers[slot] = sampler = self.runtime.new_sampler(request.sampling)

@@ -46,6 +46,7 @@ class EngineMeter:
         self._gauges = [m.gauge(f"tinyserve_{name}") for name in _LOAD_GAUGES]
         m.gauge("tinyserve_slots").set(slots)
         self._queue_wait = m.histogram("tinyserve_queue_wait_seconds")
+        self._kv_wait = m.histogram("tinyserve_kv_wait_seconds")
         self._decisions = m.counter("tinyserve_scheduler_decisions_total")
         self._rejections = m.counter("tinyserve_admission_rejections_total")
         self._cancellations = m.counter("tinyserve_cancellations_total")
@@ -70,6 +71,7 @@ class EngineMeter:
         for grant in report.grants:
             self._decisions.labels(self._policy, rule_label(grant, self._tenants)).inc()
             self._queue_wait.observe(grant.wait_s)
+            self._kv_wait.observe(grant.kv_wait_s)
         for rejection in report.rejections:
             self._rejections.labels("engine", rejection.reason).inc()
         for finish in report.finishes:

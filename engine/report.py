@@ -42,6 +42,7 @@ class Grant:
     tenant: str
     priority: int
     wait_s: float  # the timeline's wait: acceptance to slot grant
+    kv_wait_s: float = 0.0  # before that: receipt to acceptance, waiting for KV blocks
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,6 +113,9 @@ SPECS: tuple[Spec, ...] = (
            "(evictable)", ENGINE, _ENGINE_GAUGE),
     _histogram("tinyserve_queue_wait_seconds", "Engine acceptance to slot granted",
                ENGINE, SECONDS),
+    _histogram("tinyserve_kv_wait_seconds", "Engine receipt to acceptance: the wait for KV "
+               "blocks before the queue (0 when they were free), per request granted a slot",
+               ENGINE, SECONDS),
     _counter("tinyserve_scheduler_decisions_total", "Slots granted, by policy and the policy's "
              "rule", ENGINE, "policy", "rule"),
     # -- engine: tokens, batches

@@ -206,6 +206,11 @@ def test_a_request_short_of_kv_blocks_waits_for_them_and_keeps_its_place(driver:
     # Accepted when its blocks freed up, granted a slot no earlier.
     assert timeline["slot"]["ms"] >= timeline["accepted"]["ms"]
     assert timeline["queue"]["wait_ms"] >= 0
+    # The grant carries that wait for blocks to the metrics; a request that found them free
+    # waited none.
+    kv_waits = {g.request_id: g.kv_wait_s for g in driver.grants}
+    assert kv_waits[late] * 1e3 == pytest.approx(timeline["accepted"]["kv_wait_ms"], abs=1e-3)
+    assert kv_waits[big] == 0.0
     assert driver.core.blocks.used == 0 and not driver.core.blocked
 
 

@@ -44,7 +44,7 @@ load = Load(tick=7, waiting=2, running=3, blocks_total=64, blocks_used=20, block
             drain_rate=1.5)
 busy = TickReport(
     load,
-    grants=[Grant("r1", RULE_TENANT, "a", 0, 0.25), Grant("r2", RULE_TENANT, "zz", 0, 0.5)],
+    grants=[Grant("r1", RULE_TENANT, "a", 0, 0.25), Grant("r2", RULE_TENANT, "zz", 0, 0.5, 2.0)],
     finishes=[
         Finish(p.FINISH_CANCELLED, Cause.FRONTEND_GONE, 30, 16, timeline("r3")),
         Finish(p.FINISH_QUEUE_TIMEOUT, Cause.QUEUE_TIMEOUT, 30, 0, timeline("r4")),
@@ -77,6 +77,8 @@ def test_after_pass_meters_what_the_report_says(tmp_path: Path) -> None:
     assert value(decisions, policy="wfq", rule="tenant=a") == 1
     assert value(decisions, policy="wfq", rule="tenant=other") == 1
     assert value("tinyserve_queue_wait_seconds_sum") == 0.75  # the timelines' waits
+    assert value("tinyserve_kv_wait_seconds_sum") == 2.0  # and the wait for blocks before
+    assert value("tinyserve_kv_wait_seconds_count") == 2
     assert value("tinyserve_cancellations_total", reason="frontend_gone") == 1
     assert value("tinyserve_cancellations_total", reason="queue_timeout") == 1
     assert value("tinyserve_admission_rejections_total", stage="engine", reason="queue_full") == 1
