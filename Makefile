@@ -9,8 +9,9 @@ ARGS ?=
 
 setup: $(STAMP)
 
-# nginx, systemd-analyze and chromium, which only some tests use: apt-get installs them as
-# root on Debian when missing; elsewhere a note says which tests will skip. Serving never needs them.
+# nginx, systemd-analyze, chromium and promtool, which only some tests use: apt-get installs
+# them as root on Debian when missing; elsewhere a note says which tests will skip. Serving
+# never needs them.
 test-deps:
 	@sh deploy/system-deps.sh
 

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Debian packages that some tests use: nginx (a real balancer in front of real nodes),
-# systemd, for systemd-analyze (unit checks), and chromium (the dashboard's browser test).
+# systemd, for systemd-analyze (unit checks), chromium (the dashboard's browser test) and
+# prometheus, for promtool (the alerting rules' checks and unit tests).
 # Installed only when missing, and only as root with apt-get (a fresh Debian machine, CI).
 # Anywhere else this says what is missing and succeeds: the tests that need a missing
 # command skip with a message that names it.
@@ -11,6 +12,7 @@ have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/usr/
 have nginx || missing="$missing nginx"
 have systemd-analyze || missing="$missing systemd"
 have chromium || missing="$missing chromium"
+have promtool || missing="$missing prometheus"
 [ -z "$missing" ] && exit 0
 
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then

@@ -1,17 +1,27 @@
-"""The Grafana dashboard and the Prometheus config stay in sync with tinyserve.metrics."""
+"""The Grafana dashboard, the Prometheus config and its alerting rules stay in sync with
+tinyserve.metrics; promtool checks the rules and runs their unit tests
+(``tinyserve-rules.test.yml``: synthetic series, and the alerts that must or must not fire)."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
+
+import pytest
+import yaml
 
 from tinyserve.metrics import SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "tinyserve-dashboard.json"
 SCRAPE_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+RULES = ROOT / "deploy" / "prometheus" / "tinyserve-rules.yml"
+HERE = Path(__file__).parent
+RULES_TEST = "tinyserve-rules.test.yml"  # in this folder (its rule_files path is relative)
 OBSERVABILITY = ROOT / "docs" / "observability.md"
 # Metrics deliberately left off the dashboard, with why. Empty today: every metric has a panel.
 NOT_SHOWN: dict[str, str] = {}
@@ -81,3 +91,32 @@ def test_every_metric_is_documented() -> None:
         assert f"`{spec.name}`" in text, spec.name
     documented = {family(name) for name in NAME.findall(text)}
     assert documented <= {spec.name for spec in SPECS}, "docs name a metric that is not defined"
+
+
+def rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def test_alerting_rules_query_defined_metrics_and_are_loaded_by_the_scrape_config() -> None:
+    defined = {spec.name for spec in SPECS}
+    labels = {label for spec in SPECS for label in spec.labels}
+    assert len(rules()) >= 5
+    for rule in rules():
+        expr = rule["expr"]
+        queried = {family(name) for name in NAME.findall(expr)}
+        assert queried <= defined, (rule["alert"], sorted(queried - defined))
+        # A label matcher names a label the metric has (instance and job: Prometheus's).
+        matched = set(re.findall(r"(\w+)=~?\"", expr)) - {"instance", "job"}
+        assert matched <= labels, (rule["alert"], matched - labels)
+        assert rule["labels"]["severity"] in ("critical", "warning")
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+    config = yaml.safe_load(SCRAPE_CONFIG.read_text())
+    assert config["rule_files"] == [RULES.name]
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not installed")
+@pytest.mark.parametrize("check", [["check", "rules", str(RULES)], ["test", "rules", RULES_TEST]])
+def test_promtool_accepts_the_rules_and_they_fire_when_they_should(check: list[str]) -> None:
+    done = subprocess.run(["promtool", *check], capture_output=True, text=True, cwd=HERE)
+    assert done.returncode == 0, done.stdout + done.stderr
