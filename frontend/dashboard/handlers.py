@@ -8,8 +8,9 @@ script, style and fetches: no inline script, no other host. The page reads the f
 
 A stream opens with a ``hello`` event (the node's shape), then one ``update`` event per
 engine update; a comment every ``RENEW_S`` while nothing comes keeps proxies from timing it
-out. It ends with an ``end`` event when this frontend drains or when the viewer reads too
-slowly (``reason``: ``draining``, ``slow_viewer``).
+out. It ends with an ``end`` event when this frontend drains, when the viewer reads too
+slowly, or when the engine it said hello for is gone (``reason``: ``draining``,
+``slow_viewer``, ``engine_gone``); the page then connects again.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from importlib import resources
 
 from aiohttp import web
 
+from tinyserve import protocol
 from tinyserve.frontend.dashboard.hub import FEED_HUB, RENEW_S, Viewer, sse_frame
 from tinyserve.frontend.http.api_errors import ApiError
 from tinyserve.frontend.http.appkeys import CLIENT, LINK
@@ -31,6 +33,7 @@ WRITE_TIMEOUT_S = 5.0  # a viewer whose socket takes no more bytes for this long
 KEEPALIVE = b": keep-alive\n\n"
 END_DRAINING = "draining"
 END_SLOW = "slow_viewer"
+END_ENGINE_GONE = "engine_gone"  # the engine its hello described went away or was replaced
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
@@ -96,17 +99,23 @@ async def events(request: web.Request) -> web.StreamResponse:
     try:
         with contextlib.suppress(ConnectionResetError, TimeoutError):
             await _write(response, sse_frame("hello", hello))
-            reason = await _stream(request, response, viewer)
+            reason = await _stream(request, response, viewer, ack)
             await _write(response, sse_frame("end", {"reason": reason}))
     finally:
         hub.leave(viewer)
     return response
 
 
-async def _stream(request: web.Request, response: web.StreamResponse, viewer: Viewer) -> str:
-    """Pass the viewer's frames on until it is cut off or this frontend drains."""
-    hub, gate = request.app[FEED_HUB], request.app[GATE]
+async def _stream(
+    request: web.Request, response: web.StreamResponse, viewer: Viewer, ack: protocol.HelloAck
+) -> str:
+    """Pass the viewer's frames on until it is cut off, this frontend drains, or the engine
+    of ``ack`` (the hello's) is gone: a new one starts its feed afresh (its ``seq`` from 1,
+    perhaps other slots), which the viewer must learn from a new hello."""
+    hub, gate, link = request.app[FEED_HUB], request.app[GATE], request.app[LINK]
     while not gate.draining:
+        if link.ack is not ack:
+            return END_ENGINE_GONE
         try:
             frame = await asyncio.wait_for(viewer.queue.get(), RENEW_S)
         except TimeoutError:

@@ -67,7 +67,7 @@ class FeedUpdateBody(BaseModel):
 class FeedEnd(BaseModel):
     """``event: end``, last: why the stream ends."""
 
-    reason: Literal["draining", "slow_viewer"]
+    reason: Literal["draining", "slow_viewer", "engine_gone"]
 
 
 class FeedEvent(RootModel[FeedHello | FeedUpdateBody | FeedEnd]):

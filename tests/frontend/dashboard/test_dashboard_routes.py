@@ -101,6 +101,14 @@ async def test_a_draining_frontend_ends_the_stream(served: Client, engine: FakeE
         assert (event, body) == ("end", {"reason": "draining"})
 
 
+async def test_the_stream_ends_when_its_engine_is_gone(served: Client, engine: FakeEngine) -> None:
+    async with served.get("/v1/events") as response:
+        await next_event(response.content)
+        engine.beating = False  # the frontend loses it: a new engine would start a new feed
+        event, body = await asyncio.wait_for(next_event(response.content), 10)
+        assert (event, body) == ("end", {"reason": "engine_gone"})
+
+
 async def test_the_page_is_served_with_a_strict_policy(client: Client) -> None:
     response = await client.get("/dashboard")
     assert response.status == 200 and response.content_type == "text/html"
