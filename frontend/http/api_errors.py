@@ -35,6 +35,17 @@ MODEL_NOT_FOUND = "model_not_found"
 # The status recorded (never sent) for a client that closed before its reply: nginx's 499.
 CLIENT_CLOSED = 499
 
+# The status of a reply whose headers went out before its body was done (an event stream).
+HEADERS_SENT = web.RequestKey("headers_sent", int)
+
+
+def status_when_gone(request: web.Request) -> int:
+    """The status to record for ``request`` when its client went away: the one its headers
+    carried if they went out (a stream cut short was still a 200), else ``CLIENT_CLOSED``."""
+    sent: int = request.get(HEADERS_SENT, CLIENT_CLOSED)
+    return sent
+
+
 # Paths whose errors take OpenAI's shape.
 OPENAI_PREFIX = "/v1/"
 

@@ -7,7 +7,7 @@ import asyncio
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from tinyserve.frontend.http.api_errors import CLIENT_CLOSED, Handler
+from tinyserve.frontend.http.api_errors import Handler, status_when_gone
 from tinyserve.frontend.http.appkeys import METRICS
 from tinyserve.metrics import CONTENT_TYPE, Metrics
 
@@ -23,7 +23,7 @@ def http_middleware(metrics: Metrics) -> Middleware:
     async def count_response(request: web.Request, handler: Handler) -> web.StreamResponse:
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else UNMATCHED_ROUTE
-        code = CLIENT_CLOSED
+        code: int | None = None
         try:
             response = await handler(request)
             code = response.status
@@ -31,8 +31,8 @@ def http_middleware(metrics: Metrics) -> Middleware:
         except web.HTTPException as exc:  # answered by aiohttp itself (e.g. 405)
             code = exc.status
             raise
-        finally:
-            responses.labels(route, str(code)).inc()
+        finally:  # no code: the client went away (a stream's headers may have gone out)
+            responses.labels(route, str(code or status_when_gone(request))).inc()
 
     return count_response
 

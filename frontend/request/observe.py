@@ -21,7 +21,7 @@ from aiohttp import web
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
 
 from tinyserve import protocol
-from tinyserve.frontend.http.api_errors import CLIENT_CLOSED, ApiError
+from tinyserve.frontend.http.api_errors import CLIENT_CLOSED, ApiError, status_when_gone
 from tinyserve.frontend.http.appkeys import TRACING
 from tinyserve.frontend.request.admission import Limits, Load, Rejection
 from tinyserve.frontend.request.record import RequestRecord
@@ -119,13 +119,14 @@ def observe(
         record.status, record.error = exc.status, exc.reason or exc.type
         raise
     except asyncio.CancelledError:
-        record.status, record.error = CLIENT_CLOSED, CLIENT_CLOSED_ERROR
+        record.client_gone = True
+        record.status, record.error = status_when_gone(request), CLIENT_CLOSED_ERROR
         raise
     except Exception:
         record.status, record.error = 500, "internal_error"
         raise
     finally:
-        code = None if record.error == CLIENT_CLOSED_ERROR else record.status
+        code = None if record.status == CLIENT_CLOSED else record.status
         line = log_fields(record, code)
         log.info("request finished", extra=fields(**line))
         if record.span is not None:

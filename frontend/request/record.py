@@ -46,6 +46,7 @@ class RequestRecord:
     generated: int = 0
     finish: Finish | None = None
     cancel_reason: str = ""  # why the frontend ended it, if it did (a cancel it sent, a stall)
+    client_gone: bool = False  # the client went away before the reply was done
     status: int = 200
     error: str | None = None
     span: Span | None = None  # the request's server span; None with tracing off
@@ -90,7 +91,7 @@ class RequestRecord:
             return self.replied_finish.reason
         if self.cancel_reason:
             return self.cancel_reason
-        if code is None:
+        if code is None or self.client_gone:
             return protocol.FINISH_CANCELLED
         if code < 500 or code == 503:
             return protocol.FINISH_REJECTED  # bad input, admission, engine rejection, no engine

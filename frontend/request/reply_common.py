@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from tinyserve import protocol
 from tinyserve.frontend.http.api_errors import (
     ENGINE_ERROR,
+    HEADERS_SENT,
     REASON_ENGINE_UNAVAILABLE,
     ApiError,
     too_long,
@@ -127,6 +128,7 @@ async def write_sse(
     """Send ``source``'s events as they come; a stream always ends, even after a bug of ours."""
     response = web.StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": request_id})
     await response.prepare(request)
+    request[HEADERS_SENT] = response.status
     bound_buffers(request)
     timeout_s = request.app[CONFIG].write_timeout
     try:

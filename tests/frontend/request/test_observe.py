@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient
 
@@ -86,7 +89,7 @@ async def test_rejected_request_is_logged_with_its_status_and_reason(
     assert response.headers["X-Request-Id"] == line["request_id"]
 
 
-async def test_a_client_that_leaves_mid_stream_is_logged_as_cancelled(
+async def test_a_client_that_leaves_mid_stream_is_logged_as_cancelled_with_the_200_sent(
     served: Client, engine: FakeEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
     def slow(_submit: protocol.Submit) -> list[Tick]:
@@ -100,12 +103,30 @@ async def test_a_client_that_leaves_mid_stream_is_logged_as_cancelled(
     response.close()
     await until(lambda: bool(request_lines(caplog)))
     (line,) = request_lines(caplog)
+    # The stream's headers had gone out: its status was 200, however it ended.
+    assert (line["status"], line["error"], line["finish_reason"]) == (
+        200,
+        "client_closed",
+        "cancelled",
+    )
+    assert line["generated_tokens"] >= 1
+
+
+async def test_a_client_that_leaves_before_any_reply_is_logged_as_499(
+    served: Client, engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tinyserve.requests")
+    engine.script = lambda _submit: []  # never accepted: no reply starts
+    body = {"prompt": "hi", "max_tokens": 8, "stream": True}
+    with contextlib.suppress(asyncio.TimeoutError):
+        await served.post("/generate", json=body, timeout=aiohttp.ClientTimeout(total=0.3))
+    await until(lambda: bool(request_lines(caplog)))
+    (line,) = request_lines(caplog)
     assert (line["status"], line["error"], line["finish_reason"]) == (
         499,
         "client_closed",
         "cancelled",
     )
-    assert line["generated_tokens"] >= 1
 
 
 async def test_admission_figures_travel_in_the_submit(served: Client, engine: FakeEngine) -> None:
