@@ -408,16 +408,18 @@ class EngineCore:
             self._finish(seq, FINISH_LENGTH)
             return
         token = self.samplers[seq.slot].sample(self.runtime.ctx, row)
-        if self.runtime.is_eog(token):
-            self._finish(seq, FINISH_STOP)
-            return
         seq.generated += 1
         seq.last_token = token
         seq.output_ids.append(token)
         top_n = seq.request.sampling.logprobs
         logprobs = self.runtime.logprobs(row, token, top_n) if top_n >= 0 else None
-        self.drafts.token(seq.request, token, seq.stops.feed(self.runtime.piece(token)), logprobs)
-        if seq.stops.stopped:
+        # An end-of-generation token is generated like any other (counted, with its logprob:
+        # scoring a continuation by echo needs that entry) but adds no text, as in vLLM and
+        # llama-server.
+        end = self.runtime.is_eog(token)
+        text = b"" if end else seq.stops.feed(self.runtime.piece(token))
+        self.drafts.token(seq.request, token, text, logprobs)
+        if end or seq.stops.stopped:
             self._finish(seq, FINISH_STOP)
         elif seq.generated >= seq.request.max_tokens:
             self._finish(seq, FINISH_LENGTH)

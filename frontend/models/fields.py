@@ -21,7 +21,9 @@ from tinyserve.frontend.models.common import (
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.protocol import SamplingParams
 
-MAX_STOP_STRINGS = 4
+# OpenAI allows 4; lm-evaluation-harness sends a task's `until` strings plus the EOS text, often
+# more (vLLM and llama.cpp's server set no limit). Each costs the engine a scan per token.
+MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 64
 SEED_MAX = 2**32 - 1  # llama.cpp seeds are uint32
 TOP_K_MAX = 2**31 - 1  # llama.cpp's top_k is an int32 (and msgpack stops at 64 bits)

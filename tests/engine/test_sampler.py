@@ -102,9 +102,11 @@ def test_min_tokens_holds_off_the_end(
     d, rid = _run(runtime, prompt, max_tokens=200)
     natural = len(d.tokens(rid))
     assert d.final(rid).finish_reason == p.FINISH_STOP
+    assert runtime.is_eog(d.tokens(rid)[-1])  # the end is a generated token too
     d, rid = _run(runtime, prompt, max_tokens=200, min_tokens=natural + 5)
-    assert len(d.tokens(rid)) >= natural + 5
-    assert not any(runtime.is_eog(t) for t in d.tokens(rid))
+    tokens = d.tokens(rid)
+    assert len(tokens) >= natural + 5
+    assert not any(runtime.is_eog(t) for t in tokens[: natural + 5])
 
 
 def test_penalties_cut_repetition(

@@ -146,6 +146,29 @@ def test_a_list_of_prompts_with_echo_and_one_token(node: Node, model: str) -> No
     assert reply["usage"]["completion_tokens"] == 3
 
 
+def test_a_generated_end_of_generation_token_is_scored_and_counted(
+    node: Node, model: str, reference: llama_cpp.Llama
+) -> None:
+    # Greedy, the model ends its answer right after "Answer:" here. lm-evaluation-harness
+    # scores a continuation as token_logprobs[len(context):-1] of an echo with max_tokens 1:
+    # without the generated token's entry, it would drop the continuation's last token.
+    prompt = "Question: What is the capital of France?\nAnswer:"
+    ids = tokens_of(node, prompt)
+    eos_text = requests.get(f"{node.url}/tokenizer_info", timeout=60).json()["eos_token"]
+    [eos] = tokens_of(node, eos_text)
+    body = {"model": model, "prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 1,
+            "temperature": 0}  # fmt: skip
+    reply = post(node, "/v1/completions", body).json()
+    [choice] = reply["choices"]
+    assert (choice["text"], choice["finish_reason"]) == (prompt, "stop")
+    logprobs = choice["logprobs"]
+    assert len(logprobs["token_logprobs"]) == len(ids) + 1
+    assert logprobs["tokens"][-1] == eos_text
+    direct = direct_logprobs(reference, [*ids, eos])
+    assert abs(logprobs["token_logprobs"][-1] - direct[-1]) < TOLERANCE
+    assert reply["usage"]["completion_tokens"] == 1
+
+
 def test_n_3_with_a_seed_shares_one_prefill_and_reproduces(node: Node, model: str) -> None:
     prompt = "Write a short story about a robot who learns to paint. Once upon a time,"
     body = {"model": model, "prompt": prompt, "n": 3, "seed": 11, "temperature": 1.0,

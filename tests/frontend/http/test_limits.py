@@ -118,7 +118,7 @@ async def test_max_tokens_over_the_limit_is_a_400(served: Client) -> None:
 
 @pytest.mark.parametrize(
     ("stop", "words"),
-    [(["a", "b", "c", "d", "e"], "at most 4"), (["x" * 65], "1 to 64"), ([""], "1 to 64")],
+    [([f"s{i}" for i in range(17)], "at most 16"), (["x" * 65], "1 to 64"), ([""], "1 to 64")],
 )
 async def test_stop_strings_over_the_limits_are_400s(
     served: Client, stop: list[str], words: str

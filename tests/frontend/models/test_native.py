@@ -139,7 +139,7 @@ BAD_VALUES = [
     ("stop", 5),
     ("stop", [""]),
     ("stop", ["x" * 65]),
-    ("stop", ["a", "b", "c", "d", "e"]),
+    ("stop", [f"s{i}" for i in range(17)]),
     ("stop", ["a", 1]),
     ("stop", {"a": 1}),
     ("priority", 11),
