@@ -8,12 +8,16 @@ Every option is declared once in ``OPTIONS``; argparse flags, environment variab
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tinyserve.protocol import TENANT_PATTERN
 
 ENV_PREFIX = "TINYSERVE_"
 
@@ -63,17 +67,31 @@ def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
+# A weight's bounds: a million to one at most between two tenants, and a virtual clock that
+# stays finite (WFQ divides each charge by the weight).
+WEIGHT_MIN, WEIGHT_MAX = 1e-3, 1e3
+
+
 def _weight_map(text: str) -> dict[str, float]:
     weights: dict[str, float] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, value = item.partition("=")
+        name, sep, value = (part.strip() for part in item.partition("="))
         try:
             weight = float(value)
         except ValueError:
-            weight = 0.0
-        if not sep or not name.strip() or not weight > 0:
-            raise argparse.ArgumentTypeError(f"expected name=weight with weight > 0, got {item!r}")
-        weights[name.strip()] = weight
+            weight = math.nan
+        if not sep or not re.fullmatch(TENANT_PATTERN, name):
+            raise argparse.ArgumentTypeError(
+                f"expected name=weight, a name of 1 to 64 characters of A-Z, a-z, 0-9, '.', '_',"
+                f" '-' (as requests give a tenant), got {item!r}"
+            )
+        if not WEIGHT_MIN <= weight <= WEIGHT_MAX:  # NaN included
+            raise argparse.ArgumentTypeError(
+                f"a weight is a number from {WEIGHT_MIN:g} to {WEIGHT_MAX:g}, got {item!r}"
+            )
+        if name in weights:
+            raise argparse.ArgumentTypeError(f"tenant {name!r} is weighted twice")
+        weights[name] = weight
     return weights
 
 

@@ -43,6 +43,9 @@ REJECT_KV_CACHE_FULL = "kv_cache_full"
 REJECT_DRAINING = "draining"
 REJECT_TOO_LONG = "context_exceeded"  # can never fit, even in an empty engine: a 400
 
+# A tenant's name, as a request gives it and as --tenant-weights names it (a metric label).
+TENANT_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+
 # Engine states, shared with the board.
 STATE_STARTING = 0
 STATE_READY = 1

@@ -19,7 +19,7 @@ from tinyserve.frontend.models.common import (
     expect,
 )
 from tinyserve.frontend.request.generation import Generation
-from tinyserve.protocol import SamplingParams
+from tinyserve.protocol import TENANT_PATTERN, SamplingParams
 
 # OpenAI allows 4; lm-evaluation-harness sends a task's `until` strings plus the EOS text, often
 # more (vLLM and llama.cpp's server set no limit). Each costs the engine a scan per token.
@@ -27,7 +27,6 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 64
 SEED_MAX = 2**32 - 1  # llama.cpp seeds are uint32
 TOP_K_MAX = 2**31 - 1  # llama.cpp's top_k is an int32 (and msgpack stops at 64 bits)
-TENANT_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
 
 
 def _one_as_list(value: Any) -> Any:

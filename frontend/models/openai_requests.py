@@ -32,13 +32,13 @@ from tinyserve.frontend.models.common import (
 )
 from tinyserve.frontend.models.fields import (
     MAX_TOKENS_TEXT,
-    TENANT_PATTERN,
     OutputLength,
     Sampling,
     Temperature,
 )
 from tinyserve.frontend.models.response_format import ResponseFormat
 from tinyserve.frontend.request.generation import Generation
+from tinyserve.protocol import TENANT_PATTERN
 
 MAX_LOGPROBS = 5
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; /generate's is 0 (greedy)

@@ -88,3 +88,30 @@ def test_a_chunk_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
 
 def test_the_sequence_limit_is_llama_cpps() -> None:
     assert llama_cpp.llama_max_parallel_sequences() == LLAMA_MAX_SEQ
+
+
+@pytest.mark.parametrize(
+    ("weights", "words"),
+    [
+        ("a=inf", "from 0.001 to 1000"),
+        ("a=1e400", "from 0.001 to 1000"),
+        ("a=nan", "from 0.001 to 1000"),
+        ("a=0", "from 0.001 to 1000"),
+        ("a=2,a=3", "'a' is weighted twice"),
+        ("team a=2", "as requests give a tenant"),
+        ("=2", "as requests give a tenant"),
+        ("a", "as requests give a tenant"),
+    ],
+)
+def test_tenant_weights_that_requests_could_not_match_or_wfq_could_not_use_are_refused(
+    weights: str, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["engine", "--tenant-weights", weights])
+    assert refused.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_tenant_weights_are_normalised_for_the_children() -> None:
+    config = build_config({"tenant_weights": " a = 3 , team.b_1-x=0.5 "}, environ={})
+    assert config.tenant_weight_map == {"a": 3.0, "team.b_1-x": 0.5}
