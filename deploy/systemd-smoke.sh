@@ -52,7 +52,7 @@ inside() {  # the namespace's PID 1-to-be: set up the private view, then exec sy
     printf '[Unit]\nDefaultDependencies=no\n' >$s/tinyserve.target.d/smoke.conf
     printf "[Unit]\nDefaultDependencies=no\n[Service]\nStandardOutput=append:/run/tslog/%%N.log\nStandardError=inherit\nWatchdogSec=4\nEnvironment=TINYSERVE_THREADS=1 TINYSERVE_DRAIN_TIMEOUT=5\n$home" \
         >$s/tinyserve-engine.service.d/smoke.conf
-    printf "[Unit]\nDefaultDependencies=no\n[Service]\nStandardOutput=append:/run/tslog/%%N.log\nStandardError=inherit\nWatchdogSec=4\nEnvironment=TINYSERVE_DRAIN_TIMEOUT=5\n$home" \
+    printf "[Unit]\nDefaultDependencies=no\n[Service]\nStandardOutput=append:/run/tslog/%%N.log\nStandardError=inherit\nWatchdogSec=4\nEnvironment=TINYSERVE_DRAIN_TIMEOUT=15\n$home" \
         >$s/tinyserve-frontend@.service.d/smoke.conf
     exec env container=tinyserve-smoke /lib/systemd/systemd --system --unit=tinyserve.target \
         --log-target=console --show-status=no
@@ -118,14 +118,18 @@ done
 wait_ready 30
 echo "ok: hung engine (SIGSTOP) killed by the watchdog and restarted, serving $(since "$stopped") s later"
 
+# Long enough to be in flight through the checks below (a 40-token one could end first: the
+# frontend then exits at once and /ready finds its port closed), short enough to end well
+# within the drain timeout of the drop-in.
 curl -sN "localhost:${PORTS[1]}/generate" -H 'Content-Type: application/json' \
-    -d '{"prompt": "1, 2, 3,", "max_tokens": 40, "stream": true}' >"$WORK/drain" &
+    -d '{"prompt": "1, 2, 3,", "max_tokens": 120, "stream": true}' >"$WORK/drain" &
 client=$!
 sleep 0.5
 "${S[@]}" systemctl restart "tinyserve-frontend@${PORTS[1]}" &
 restart=$!
 sleep 0.2
-ready=$(curl -s -o /dev/null -w '%{http_code}' "localhost:${PORTS[1]}/ready")
+ready=$(curl -s -o /dev/null -w '%{http_code}' "localhost:${PORTS[1]}/ready" || true)
+[ "$ready" = 503 ] || fail "/ready said '$ready' while the frontend drained, not 503"
 wait "$client" "$restart"
 grep -q '"finish_reason": "length"' "$WORK/drain" || fail "in-flight stream lost on restart"
 [ "$(state "tinyserve-frontend@${PORTS[1]}" ActiveState)" = active ] || fail "frontend not back"
