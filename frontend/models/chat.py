@@ -8,7 +8,7 @@ types are 400s. Tools, tool calls and tool results are rendered in the generic f
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
@@ -20,6 +20,7 @@ from tinyserve.frontend.models.common import (
     RULE,
     Body,
     OnlyDefault,
+    Request,
     Text,
     cross_field,
     schema_rule,
@@ -29,7 +30,9 @@ from tinyserve.frontend.models.fields import OutputLength
 from tinyserve.frontend.models.openai_requests import STREAM_RULE, LogprobCount, OpenAIRequest
 from tinyserve.frontend.models.tools import NamedToolChoice, Tool, ToolCallIn, ToolChoice
 from tinyserve.frontend.openai.chat_template import ChatMessage as TemplateMessage
+from tinyserve.frontend.openai.chat_template import ChatTemplate
 from tinyserve.frontend.request.generation import Generation
+from tinyserve.frontend.request.tokenizer import ChatPrompt
 from tinyserve.frontend.structured import tool_calls
 from tinyserve.frontend.structured.constraints import Constraint, response_format_constraint
 
@@ -122,32 +125,29 @@ class ChatMessage(Body):
 # takes the document past what schemathesis can generate requests from (tests/integration/
 # test_fuzz.py).
 _A_TOOL_CHOICE = {"anyOf": [{"enum": ["auto", "required"]}, {"type": "object"}]}
+# The rules of a Conversation's fields that the document states (chat and /tokenize).
+CONVERSATION_RULES = [
+    schema_rule(
+        "continue_final_message",
+        {"const": True},
+        {"add_generation_prompt": {"enum": [False, None]}},
+        required=False,
+    ),
+    schema_rule("tool_choice", _A_TOOL_CHOICE, {"tools": {"type": "array", "minItems": 1}}),
+]
 _CHAT_RULES: JsonDict = {
     "allOf": [
         STREAM_RULE,
         schema_rule("top_logprobs", {"type": "integer"}, {"logprobs": {"const": True}}),
-        schema_rule(
-            "continue_final_message",
-            {"const": True},
-            {"add_generation_prompt": {"enum": [False, None]}},
-            required=False,
-        ),
-        schema_rule("tool_choice", _A_TOOL_CHOICE, {"tools": {"type": "array", "minItems": 1}}),
+        *CONVERSATION_RULES,
     ]
 }
 
 
-class ChatCompletionRequest(OpenAIRequest):
-    """``POST /v1/chat/completions``."""
+class ConversationFields(Request):
+    """How messages are rendered into a prompt: the fields chat completions and ``/tokenize``
+    share (``Conversation`` holds them with the messages)."""
 
-    model_config = ConfigDict(json_schema_extra=_CHAT_RULES)
-
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    logprobs: bool = Field(False, description="report logprobs of each token")
-    top_logprobs: LogprobCount | None = Field(None, description="alternatives per token")
-    max_completion_tokens: OutputLength = Field(
-        None, description="same as max_tokens (both given: they must agree)"
-    )
     add_generation_prompt: bool | None = Field(
         None,
         description="end the prompt with the assistant's header "
@@ -158,13 +158,35 @@ class ChatCompletionRequest(OpenAIRequest):
     )
     tools: list[Tool] = Field(
         [],
-        description="functions the model may call, each name once; a response_format other "
-        "than text needs tool_choice none",
+        description="functions the model may call, each name once, described in the prompt; "
+        "a chat completion's response_format other than text needs tool_choice none",
     )
     tool_choice: ToolChoice | None = Field(
         None,
-        description="none, auto (the default with tools), required, or a named function (one "
-        "of tools); anything but none needs tools",
+        description="none (the tools stay out of the prompt), auto (the default with tools), "
+        "required, or a named function (one of tools); anything but none needs tools",
+    )
+
+    def conversation_of(self, messages: list[ChatMessage]) -> Conversation:
+        return Conversation(
+            messages,
+            self.add_generation_prompt,
+            self.continue_final_message,
+            self.tools,
+            self.tool_choice,
+        )
+
+
+class ChatCompletionRequest(OpenAIRequest, ConversationFields):
+    """``POST /v1/chat/completions``."""
+
+    model_config = ConfigDict(json_schema_extra=_CHAT_RULES)
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    logprobs: bool = Field(False, description="report logprobs of each token")
+    top_logprobs: LogprobCount | None = Field(None, description="alternatives per token")
+    max_completion_tokens: OutputLength = Field(
+        None, description="same as max_tokens (both given: they must agree)"
     )
     parallel_tool_calls: bool = Field(True, description="the reply may hold several calls")
     # Ignored: bookkeeping and hints for OpenAI's own service, or only meaningful with tools.
@@ -194,32 +216,20 @@ class ChatCompletionRequest(OpenAIRequest):
         if new is not None and old is not None and new != old:
             message = "'max_tokens' and 'max_completion_tokens' differ"
             raise cross_field("max_completion_tokens", message)
-        if self.continue_final_message and self.add_generation_prompt:
-            message = "'continue_final_message' and 'add_generation_prompt' exclude each other"
-            raise cross_field("add_generation_prompt", message)
-        if self.continue_final_message and self.messages[-1].role != "assistant":
-            message = "'continue_final_message' needs a final message from the assistant"
-            raise cross_field("continue_final_message", message)
-        self._check_tools()
-        return self
-
-    def _check_tools(self) -> None:
-        choice = self.tool_choice
-        if choice not in (None, "none") and not self.tools:
-            raise cross_field("tool_choice", "'tool_choice' needs 'tools'")
-        names = [tool.function.name for tool in self.tools]
-        if len(set(names)) != len(names):
-            raise cross_field("tools", "'tools' names a function twice")
-        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
-            raise cross_field("tool_choice", f"no tool is named {choice.function.name!r}")
+        self.conversation.check()
         text = self.response_format is None or self.response_format.type == "text"
         if self.calls_tools and not text:
             raise cross_field("response_format", "'response_format' excludes 'tools'")
+        return self
+
+    @property
+    def conversation(self) -> Conversation:
+        return self.conversation_of(self.messages)
 
     @property
     def calls_tools(self) -> bool:
         """The reply may be tool calls: tools offered, and ``tool_choice`` not none."""
-        return bool(self.tools) and self.tool_choice != "none"
+        return self.conversation.calls_tools
 
     def constraint(self) -> Constraint:
         """The grammar of a reply that may call tools, else the ``response_format``'s."""
@@ -229,6 +239,46 @@ class ChatCompletionRequest(OpenAIRequest):
         grammar = tool_calls.tools_grammar(self.tools, choice, self.parallel_tool_calls)
         return Constraint("tools", grammar=grammar, tools=True)
 
+    def generation(self, config: Config) -> Generation:
+        """The request with every default resolved; the prompt is empty until the messages
+        are rendered."""
+        max_tokens = self.max_completion_tokens or self.max_tokens or config.default_max_tokens
+        logprobs = (self.top_logprobs or 0) if self.logprobs else -1
+        return self.resolved(prompt="", max_tokens=max_tokens, logprobs=logprobs)
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """What a chat template renders, as chat completions and ``/tokenize`` both take it."""
+
+    messages: list[ChatMessage]
+    add_generation_prompt: bool | None
+    continue_final_message: bool
+    tools: list[Tool]
+    tool_choice: ToolChoice | None
+
+    def check(self) -> None:
+        """The rules across these fields that the document does not say (400s)."""
+        if self.continue_final_message and self.add_generation_prompt:
+            message = "'continue_final_message' and 'add_generation_prompt' exclude each other"
+            raise cross_field("add_generation_prompt", message)
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            message = "'continue_final_message' needs a final message from the assistant"
+            raise cross_field("continue_final_message", message)
+        choice = self.tool_choice
+        if choice not in (None, "none") and not self.tools:
+            raise cross_field("tool_choice", "'tool_choice' needs 'tools'")
+        names = [tool.function.name for tool in self.tools]
+        if len(set(names)) != len(names):
+            raise cross_field("tools", "'tools' names a function twice")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise cross_field("tool_choice", f"no tool is named {choice.function.name!r}")
+
+    @property
+    def calls_tools(self) -> bool:
+        """Tools are offered: ``tool_choice`` is not none."""
+        return bool(self.tools) and self.tool_choice != "none"
+
     @property
     def ends_with_generation_prompt(self) -> bool:
         """``add_generation_prompt`` with its default resolved."""
@@ -236,12 +286,13 @@ class ChatCompletionRequest(OpenAIRequest):
             return not self.continue_final_message
         return self.add_generation_prompt
 
-    def generation(self, config: Config) -> Generation:
-        """The request with every default resolved; the prompt is empty until the messages
-        are rendered."""
-        max_tokens = self.max_completion_tokens or self.max_tokens or config.default_max_tokens
-        logprobs = (self.top_logprobs or 0) if self.logprobs else -1
-        return self.resolved(prompt="", max_tokens=max_tokens, logprobs=logprobs)
+    def render(self, template: ChatTemplate) -> ChatPrompt:
+        """The prompt: ``template`` applied as these fields say."""
+        return template.render(
+            self.template_messages(),
+            add_generation_prompt=self.ends_with_generation_prompt,
+            continue_final_message=self.continue_final_message,
+        )
 
     def template_messages(self) -> list[TemplateMessage]:
         """The messages as the chat template takes them; the tools described in a system

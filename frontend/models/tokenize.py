@@ -7,7 +7,12 @@ from typing import Annotated, Any, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
-from tinyserve.frontend.models.chat import ChatMessage
+from tinyserve.frontend.models.chat import (
+    CONVERSATION_RULES,
+    ChatMessage,
+    Conversation,
+    ConversationFields,
+)
 from tinyserve.frontend.models.common import (
     INTEGRAL,
     Reply,
@@ -21,7 +26,14 @@ from tinyserve.frontend.models.common import (
 TokenId = Annotated[int, Field(ge=0), INTEGRAL]
 
 
-# Exactly one of prompt and messages (not null); add_special_tokens with a text prompt only.
+# Exactly one of prompt and messages (not null); add_special_tokens with a text prompt only,
+# the chat fields with messages only.
+_CHAT_ONLY = {
+    "add_generation_prompt": {"type": "null"},
+    "continue_final_message": {"const": False},
+    "tools": {"maxItems": 0},
+    "tool_choice": {"type": "null"},
+}
 _ONE_INPUT: dict[str, Any] = {
     "anyOf": [
         {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
@@ -34,14 +46,16 @@ _ONE_INPUT: dict[str, Any] = {
     "allOf": [
         schema_rule(
             "messages", {"type": "array"}, {"add_special_tokens": {"type": "null"}}, required=False
-        )
+        ),
+        schema_rule("prompt", {"type": "string"}, _CHAT_ONLY, required=False),
+        *CONVERSATION_RULES,
     ],
 }
 
 
-class TokenizeRequest(Request):
+class TokenizeRequest(ConversationFields):
     """Either ``prompt`` (text) or ``messages`` (rendered with the model's chat template, as
-    ``/v1/chat/completions`` does), not both."""
+    ``/v1/chat/completions`` does, with its fields), not both."""
 
     model_config = ConfigDict(json_schema_extra=_ONE_INPUT)
 
@@ -55,9 +69,6 @@ class TokenizeRequest(Request):
         description="text only: add the model's BOS when its tokenizer does (default true); "
         "special tokens spelled in the text are parsed either way",
     )
-    add_generation_prompt: bool = Field(
-        True, description="messages only: end with the assistant's header"
-    )
     return_token_strs: bool = Field(False, description="also return each token's text")
 
     @model_validator(mode="after")
@@ -67,7 +78,19 @@ class TokenizeRequest(Request):
         if self.messages is not None and self.add_special_tokens is not None:
             message = "'add_special_tokens' applies to 'prompt' only"
             raise cross_field("add_special_tokens", message)
+        if self.messages is not None:
+            self.conversation.check()
+            return self
+        for name in _CHAT_ONLY:
+            if getattr(self, name) != type(self).model_fields[name].default:
+                raise cross_field(name, f"'{name}' applies to 'messages' only")
         return self
+
+    @property
+    def conversation(self) -> Conversation:
+        """The messages and how to render them; only with ``messages``."""
+        assert self.messages is not None
+        return self.conversation_of(self.messages)
 
 
 class TokenizeReply(Reply):

@@ -75,11 +75,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG]
     req = parse_body(await json_body(request), ChatCompletionRequest, config)
     _check_model(request, req.model)
-    chat = request.app[CHAT_TEMPLATE].render(
-        req.template_messages(),
-        add_generation_prompt=req.ends_with_generation_prompt,
-        continue_final_message=req.continue_final_message,
-    )
+    chat = req.conversation.render(request.app[CHAT_TEMPLATE])
     # Tokenized here, in parts: the messages' text must never become control tokens.
     prompt_ids = await request.app[TOKENIZER].tokenize_chat(chat)
     generation = dataclasses.replace(req.generation(config), prompt=chat.text)

@@ -32,12 +32,7 @@ async def tokenize(request: web.Request) -> web.Response:
     req = await _parsed(request, TokenizeRequest)
     tokenizer = app[TOKENIZER]
     if req.messages is not None:
-        chat = app[CHAT_TEMPLATE].render(
-            [message.for_template() for message in req.messages],
-            add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=False,
-        )
-        ids = await tokenizer.tokenize_chat(chat)
+        ids = await tokenizer.tokenize_chat(req.conversation.render(app[CHAT_TEMPLATE]))
     else:
         assert req.prompt is not None
         add_special = req.add_special_tokens is not False

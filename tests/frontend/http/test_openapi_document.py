@@ -214,6 +214,19 @@ RULES_ACROSS_FIELDS = [
     ("TokenizeRequest", {}, "exactly one of 'prompt' and 'messages'"),
     ("TokenizeRequest", {"prompt": "x", "messages": USER}, "exactly one of"),
     ("TokenizeRequest", {"messages": USER, "add_special_tokens": True}, "applies to 'prompt' only"),
+    ("TokenizeRequest", {"prompt": "x", "tools": [TOOL]}, "applies to 'messages' only"),
+    ("TokenizeRequest", {"prompt": "x", "tool_choice": "none"}, "applies to 'messages' only"),
+    ("TokenizeRequest", {"prompt": "x", "add_generation_prompt": False},
+     "applies to 'messages' only"),
+    ("TokenizeRequest", {"prompt": "x", "continue_final_message": True},
+     "applies to 'messages' only"),
+    ("TokenizeRequest", {"messages": USER, "continue_final_message": True,
+                         "add_generation_prompt": True}, "exclude each other"),
+    ("TokenizeRequest", {"messages": USER, "continue_final_message": True},
+     "needs a final message from"),
+    ("TokenizeRequest", {"messages": USER, "tool_choice": "auto"}, "'tool_choice' needs 'tools'"),
+    ("TokenizeRequest", {"messages": USER, "tools": [TOOL, TOOL]},
+     "'tools' names a function twice"),
 ]  # fmt: skip
 # ... and bodies near those rules that both take.
 NEAR_RULES = [
@@ -226,6 +239,9 @@ NEAR_RULES = [
     ("ChatCompletionRequest", {**CHAT, "tools": [], "response_format": {"type": "json_object"}}),
     ("ChatCompletionRequest", {**CHAT, "tools": [TOOL], "tool_choice": {
         "type": "function", "function": {"name": "f"}}}),
+    ("TokenizeRequest", {"prompt": "x", "tools": [], "continue_final_message": False,
+                         "add_generation_prompt": None, "tool_choice": None}),
+    ("TokenizeRequest", {"messages": USER, "tools": [TOOL], "tool_choice": "none"}),
 ]  # fmt: skip
 NODE = build_config({"max_tokens_limit": 256}, environ={})
 

@@ -73,8 +73,8 @@ def test_every_chat_field() -> None:
     assert (generation.max_tokens, generation.sampling.logprobs) == (9, 3)
     sampling = generation.sampling
     assert (sampling.temperature, sampling.seed, sampling.stop) == (0.0, 1, ["x"])
-    assert req.template_messages() == [ChatMessage("user", "hi")]
-    assert req.ends_with_generation_prompt and not req.continue_final_message
+    assert req.conversation.template_messages() == [ChatMessage("user", "hi")]
+    assert req.conversation.ends_with_generation_prompt and not req.continue_final_message
 
 
 @pytest.mark.parametrize(("name", "value"), [("frobnicate", 1), ("functions_x", None)])
@@ -197,7 +197,7 @@ def test_messages_roles_and_content() -> None:
         {"role": "assistant", "content": None, "tool_calls": None, "refusal": None},
         {"role": "user", "content": "c", "name": "bob"},
     ]
-    assert chat(messages=messages).template_messages() == [
+    assert chat(messages=messages).conversation.template_messages() == [
         ChatMessage("system", "be brief"),
         ChatMessage("user", "a\nb"),
         ChatMessage("assistant", ""),
@@ -215,7 +215,7 @@ def test_a_reply_message_the_openai_client_parsed_can_be_sent_back_as_it_came() 
         role="assistant", content='{"a": 1}', parsed={"a": 1}, tool_calls=[call]
     )
     messages = [{"role": "user", "content": "a"}, reply.model_dump()]
-    [_, assistant] = chat(messages=messages).template_messages()
+    [_, assistant] = chat(messages=messages).conversation.template_messages()
     assert assistant.role == "assistant" and assistant.content.startswith('{"a": 1}')
 
 
@@ -242,7 +242,7 @@ def test_bad_messages(messages: Any, param: str) -> None:
 def test_continue_final_message() -> None:
     prefill = [*USER, {"role": "assistant", "content": "Sure"}]
     req = chat(messages=prefill, continue_final_message=True)
-    assert req.continue_final_message and not req.ends_with_generation_prompt
+    assert req.continue_final_message and not req.conversation.ends_with_generation_prompt
     assert not chat(messages=prefill, add_generation_prompt=False).continue_final_message
     both = {"continue_final_message": True, "add_generation_prompt": True}
     assert rejected(chat, messages=prefill, **both).param == "add_generation_prompt"

@@ -8,7 +8,7 @@ import llama_cpp
 import pytest
 from aiohttp.test_utils import TestClient
 
-from tests.frontend.harness import N_CTX
+from tests.frontend.harness import N_CTX, FakeEngine
 from tinyserve.model import resolve_model_path
 
 Client = TestClient[Any, Any]
@@ -54,6 +54,45 @@ async def test_tokenize_messages_renders_the_chat_template(served: Client) -> No
     assert reply["count"] > plain["count"]  # the template's markup is in it
 
 
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+STORY = [
+    {"role": "user", "content": "Tell me a story"},
+    {"role": "assistant", "content": "Once upon a time"},
+]
+
+
+@pytest.mark.parametrize(
+    "chat",
+    [
+        {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [TOOL]},
+        {"messages": [{"role": "user", "content": "Weather?"}], "tools": [TOOL],
+         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+        {"messages": STORY, "continue_final_message": True},
+        {"messages": STORY, "add_generation_prompt": False},
+    ],
+)  # fmt: skip
+async def test_tokenize_messages_counts_what_chat_completions_sends(
+    served: Client, engine: FakeEngine, chat: dict[str, Any]
+) -> None:
+    reply = await (await served.post("/tokenize", json=chat)).json()
+    completion = await served.post("/v1/chat/completions", json={"model": "fake", **chat})
+    assert completion.status == 200, await completion.text()
+    assert reply["tokens"] == engine.submits[-1].prompt_ids
+
+
+async def test_tokenize_messages_describes_the_tools_unless_tool_choice_is_none(
+    served: Client,
+) -> None:
+    messages = [{"role": "user", "content": "Weather?"}]
+    plain = await (await served.post("/tokenize", json={"messages": messages})).json()
+    offered = {"messages": messages, "tools": [TOOL], "return_token_strs": True}
+    with_tools = await (await served.post("/tokenize", json=offered)).json()
+    assert "get_weather" in "".join(with_tools["token_strs"])
+    none = {**offered, "tool_choice": "none"}
+    declined = await (await served.post("/tokenize", json=none)).json()
+    assert declined["tokens"] == plain["tokens"] != with_tools["tokens"]
+
+
 async def test_tokenizer_info(served: Client, vocab: llama_cpp.Llama) -> None:
     info = await (await served.get("/tokenizer_info")).json()
     assert info["eos_token"] == vocab.detokenize([vocab.token_eos()], special=True).decode()
@@ -70,6 +109,17 @@ async def test_tokenizer_info(served: Client, vocab: llama_cpp.Llama) -> None:
         ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
         ("/tokenize", {"prompt": 5}, "prompt"),
         ("/tokenize", {"prompt": "a", "model": "other"}, "model"),
+        ("/tokenize", {"prompt": "a", "tools": [TOOL]}, "tools"),
+        ("/tokenize", {"prompt": "a", "add_generation_prompt": True}, "add_generation_prompt"),
+        ("/tokenize", {"prompt": "a", "continue_final_message": True}, "continue_final_message"),
+        ("/tokenize", {"prompt": "a", "tool_choice": "auto"}, "tool_choice"),
+        ("/tokenize", {"messages": STORY[:1], "tool_choice": "required"}, "tool_choice"),
+        (
+            "/tokenize",
+            {"messages": STORY[:1], "continue_final_message": True},
+            "continue_final_message",
+        ),
+        ("/tokenize", {"messages": STORY, "tools": [TOOL, TOOL]}, "tools"),
         ("/detokenize", {"tokens": [1, -1]}, "tokens"),
         ("/detokenize", {"tokens": [10**9]}, "tokens"),
         ("/detokenize", {"tokens": "abc"}, "tokens"),
