@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tinyserve.protocol import TENANT_PATTERN
+from tinyserve.protocol import TENANT_PATTERN, TENANT_TEXT
 
 ENV_PREFIX = "TINYSERVE_"
 
@@ -82,8 +82,8 @@ def _weight_map(text: str) -> dict[str, float]:
             weight = math.nan
         if not sep or not re.fullmatch(TENANT_PATTERN, name):
             raise argparse.ArgumentTypeError(
-                f"expected name=weight, a name of 1 to 64 characters of A-Z, a-z, 0-9, '.', '_',"
-                f" '-' (as requests give a tenant), got {item!r}"
+                f"expected name=weight, a name of {TENANT_TEXT} (as requests give a tenant), "
+                f"got {item!r}"
             )
         if not WEIGHT_MIN <= weight <= WEIGHT_MAX:  # NaN included
             raise argparse.ArgumentTypeError(

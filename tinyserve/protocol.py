@@ -45,6 +45,7 @@ REJECT_TOO_LONG = "context_exceeded"  # can never fit, even in an empty engine: 
 
 # A tenant's name, as a request gives it and as --tenant-weights names it (a metric label).
 TENANT_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+TENANT_TEXT = "1 to 64 characters of A-Z, a-z, 0-9, '.', '_', '-'"
 
 # Engine states, shared with the board.
 STATE_STARTING = 0

@@ -19,7 +19,7 @@ from tinyserve.frontend.models.common import (
     expect,
 )
 from tinyserve.frontend.request.generation import Generation
-from tinyserve.protocol import TENANT_PATTERN, SamplingParams
+from tinyserve.protocol import TENANT_PATTERN, TENANT_TEXT, SamplingParams
 
 # OpenAI allows 4; lm-evaluation-harness sends a task's `until` strings plus the EOS text, often
 # more (vLLM and llama.cpp's server set no limit). Each costs the engine a scan per token.
@@ -47,7 +47,7 @@ DeadlineMs = Annotated[int, Integer(1, DEADLINE_MS_MAX)]
 Tenant = Annotated[
     str,
     Field(pattern=TENANT_PATTERN),
-    expect("1 to 64 characters of A-Z, a-z, 0-9, '.', '_', '-'"),
+    expect(TENANT_TEXT),
 ]
 Penalty = Annotated[float, Number(-2, 2)]
 Fraction = Annotated[float, Number(0, 1)]

@@ -24,14 +24,13 @@ from tinyserve import protocol
 from tinyserve.frontend.http.api_errors import CLIENT_CLOSED, ApiError, status_when_gone
 from tinyserve.frontend.http.appkeys import TRACING
 from tinyserve.frontend.request.admission import Limits, Load, Rejection
-from tinyserve.frontend.request.record import RequestRecord
+from tinyserve.frontend.request.record import CLIENT_CLOSED_ERROR, RequestRecord
 from tinyserve.logs import fields
 from tinyserve.timeline_records import slot_ms
 from tinyserve.tracing import extract, inject
 
 log = logging.getLogger("tinyserve.requests")
 
-CLIENT_CLOSED_ERROR = "client_closed"
 _TRACE_HEADERS = ("traceparent", "tracestate")
 # Endings that mark the request span with an error status even under a 200 (a stream's
 # status is sent before its end is known).
@@ -119,7 +118,6 @@ def observe(
         record.status, record.error = exc.status, exc.reason or exc.type
         raise
     except asyncio.CancelledError:
-        record.client_gone = True
         record.status, record.error = status_when_gone(request), CLIENT_CLOSED_ERROR
         raise
     except Exception:

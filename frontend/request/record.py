@@ -21,6 +21,9 @@ from tinyserve import protocol
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.streams import Finish, Piece
 
+# The error of a request whose client went away before its reply was done (log and span).
+CLIENT_CLOSED_ERROR = "client_closed"
+
 
 def new_request_id() -> str:
     """The id of a new request: the only place one is made."""
@@ -46,7 +49,6 @@ class RequestRecord:
     generated: int = 0
     finish: Finish | None = None
     cancel_reason: str = ""  # why the frontend ended it, if it did (a cancel it sent, a stall)
-    client_gone: bool = False  # the client went away before the reply was done
     status: int = 200
     error: str | None = None
     span: Span | None = None  # the request's server span; None with tracing off
@@ -91,7 +93,7 @@ class RequestRecord:
             return self.replied_finish.reason
         if self.cancel_reason:
             return self.cancel_reason
-        if code is None or self.client_gone:
+        if code is None or self.error == CLIENT_CLOSED_ERROR:  # a stream left midway too
             return protocol.FINISH_CANCELLED
         if code < 500 or code == 503:
             return protocol.FINISH_REJECTED  # bad input, admission, engine rejection, no engine
