@@ -1,18 +1,20 @@
 """The prefix cache kept across restarts: written to ``--cache-dir`` at drain, read at start.
 
-At the end of a drain every cached block still in cells is copied to the host tier too
-(``PrefixCache.spill``) and the host tier is written out, up to ``--cache-dir-mb``: whole
-prefixes first (a block is written only after its parent), shallow blocks before deep ones
-(a system prompt serves more requests than one conversation's tail), the most recently used
-first among equals. At start the files that match are read back into the host tier, and the
-first request that needs a prefix restores it from there as after any eviction.
+At the end of a drain the prefix cache's blocks (``HostCache``: every finished request's
+full blocks are there already) are written out, up to ``--cache-dir-mb``, shallow blocks
+first (a system prompt serves more requests than one conversation's tail), so a block is
+always written after its parent. At start the files that match are read back into the cache,
+and the first request that needs a prefix has it written into its slot from there; such hits
+are counted as the ``disk`` tier.
 
 KV bytes are only valid for the model file, the llama.cpp build and the KV layout that wrote
 them, so every file carries a ``StoreKey`` (the model file's sha256, ``llama_cpp.__version__``,
-the context's size, block size, K/V types and flash-attention mode) and a sha256 of its
-payload; a file whose key differs, whose checksum fails, that is truncated or that does not
-parse is skipped with one log line. Files are written to a temporary name and renamed, so a
-crash mid-write leaves the previous file or none, never half of one. The format is
+the block size, the saved state's layout and K/V types and flash-attention mode) and a sha256
+of its payload; a file whose key differs, whose checksum fails, that is truncated or that does
+not parse is skipped with one log line. The number of slots is not part of it: a block is
+the bytes of its cells, written into whichever slot needs it. Files are written to a temporary
+name and renamed, so a crash mid-write leaves the previous file or none, never half of one.
+The format is
 ``MAGIC``, a little-endian u32 header length, the header (JSON), then the payload (msgpack:
 ``[parent key, tokens, kv, depth]`` per block).
 """
@@ -25,6 +27,7 @@ import logging
 import os
 import struct
 from collections.abc import Iterable
+from collections.abc import Sequence as Tokens
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,15 +35,18 @@ from typing import Any
 import msgpack
 
 from tinyserve.config import Config
-from tinyserve.engine.host_cache import ROOT, HostBlock, HostCache
-from tinyserve.engine.prefix_cache import PrefixCache
+from tinyserve.engine.host_cache import HostCache
+from tinyserve.engine.kv_space import KvSpace
+from tinyserve.engine.kv_state import StateLayout
 from tinyserve.engine.runtime import LlamaRuntime, llama_cpp_version
 from tinyserve.logs import fields
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"TSPC"
-FORMAT = 1
+FORMAT = 2  # 1: blocks as llama.cpp saved one block's sequence, before KV per slot
+ROOT = b""  # the key "before" a prefix's first block
+KEY_BYTES = 16
 FILE_BYTES = 32 * 2**20  # payload per file: a damaged file loses at most this much
 _LENGTH = struct.Struct("<I")
 _PREFIX = "prefix-"
@@ -51,14 +57,40 @@ class CacheFileError(ValueError):
     """A cache file that cannot be used; the message says why."""
 
 
+def block_key(parent: bytes, tokens: Tokens[int]) -> bytes:
+    """The key of the block of ``tokens`` that follows the block keyed ``parent``: a hash
+    chain, so a key names the whole prefix its KV was computed after."""
+    packed = struct.pack(f"<{len(tokens)}i", *tokens)
+    return hashlib.blake2b(parent + packed, digest_size=KEY_BYTES).digest()
+
+
+@dataclass(frozen=True)
+class StoredBlock:
+    """One block as a file holds it: below the block keyed ``parent`` (ROOT for a prefix's
+    first), its tokens, its KV (a ``HostCache`` arena row) and its depth in blocks."""
+
+    parent: bytes
+    tokens: tuple[int, ...]
+    kv: bytes
+    depth: int
+
+    @property
+    def key(self) -> bytes:
+        return block_key(self.parent, self.tokens)
+
+    @property
+    def size(self) -> int:
+        return len(self.kv) + 8 * len(self.tokens)
+
+
 @dataclass(frozen=True)
 class StoreKey:
     """What KV bytes depend on besides the tokens: a file is read only under the same key."""
 
     model_sha256: str
     llama_cpp: str
-    n_ctx: int
     block_size: int
+    layout: str  # a digest of the saved state's layout (record sizes and headers)
     type_k: int
     type_v: int
     flash_attn: int
@@ -70,6 +102,13 @@ class StoreKey:
         return hashlib.sha256(text).hexdigest()[:16]
 
 
+def layout_digest(layout: StateLayout) -> str:
+    """What of the saved state's layout a block's bytes depend on, as a short digest."""
+    parts = [layout.cell_record.to_bytes(4, "little"), layout.middle]
+    parts += [r.header for r in layout.records]
+    return hashlib.sha256(b"".join(parts)).hexdigest()[:32]
+
+
 def model_sha256(path: Path) -> str:
     """The model file's sha256: the whole file, once per start (~0.3 s for the default
     98 MB model), since a re-quantised file of the same size and name holds other weights."""
@@ -77,15 +116,12 @@ def model_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def choose(blocks: Iterable[HostBlock], limit: int) -> list[HostBlock]:
-    """What to write within ``limit`` bytes, in writing order: by depth, the most recently
-    used first among equals (``blocks`` comes least recently used first), and a block only
-    if its parent is written too."""
-    ordered = list(blocks)
-    recency = {id(b): i for i, b in enumerate(ordered)}
-    chosen: list[HostBlock] = []
+def choose(blocks: Iterable[StoredBlock], limit: int) -> list[StoredBlock]:
+    """What to write within ``limit`` bytes, in writing order: by depth (stable, so the
+    caller's order among equals stands), and a block only if its parent is written too."""
+    chosen: list[StoredBlock] = []
     keys, total = {ROOT}, 0
-    for block in sorted(ordered, key=lambda b: (b.depth, -recency[id(b)])):
+    for block in sorted(blocks, key=lambda b: b.depth):
         if block.parent in keys and total + block.size <= limit:
             chosen.append(block)
             keys.add(block.key)
@@ -93,7 +129,7 @@ def choose(blocks: Iterable[HostBlock], limit: int) -> list[HostBlock]:
     return chosen
 
 
-def write(directory: Path, key: StoreKey, blocks: list[HostBlock]) -> list[Path]:
+def write(directory: Path, key: StoreKey, blocks: list[StoredBlock]) -> list[Path]:
     """Write ``blocks`` (already chosen) as files of at most ``FILE_BYTES`` of payload each,
     replacing every cache file there before (of this key or any other); returns the files."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -107,8 +143,8 @@ def write(directory: Path, key: StoreKey, blocks: list[HostBlock]) -> list[Path]
     return written
 
 
-def _chunks(blocks: list[HostBlock]) -> Iterable[list[HostBlock]]:
-    chunk: list[HostBlock] = []
+def _chunks(blocks: list[StoredBlock]) -> Iterable[list[StoredBlock]]:
+    chunk: list[StoredBlock] = []
     size = 0
     for block in blocks:
         if chunk and size + len(block.kv) > FILE_BYTES:
@@ -120,7 +156,7 @@ def _chunks(blocks: list[HostBlock]) -> Iterable[list[HostBlock]]:
         yield chunk
 
 
-def _write_file(path: Path, key: StoreKey, blocks: list[HostBlock]) -> None:
+def _write_file(path: Path, key: StoreKey, blocks: list[StoredBlock]) -> None:
     payload = msgpack.packb([[b.parent, list(b.tokens), b.kv, b.depth] for b in blocks])
     header = {
         "format": FORMAT,
@@ -139,10 +175,10 @@ def _write_file(path: Path, key: StoreKey, blocks: list[HostBlock]) -> None:
     os.replace(tmp, path)
 
 
-def read(directory: Path, key: StoreKey) -> list[HostBlock]:
+def read(directory: Path, key: StoreKey) -> list[StoredBlock]:
     """Every block in the usable cache files there, in writing order; each file that cannot
     be used is skipped with one warning naming it and why."""
-    blocks: list[HostBlock] = []
+    blocks: list[StoredBlock] = []
     for path in sorted(directory.glob(f"{_PREFIX}*{_SUFFIX}")):
         try:
             blocks += read_file(path, key)
@@ -151,7 +187,7 @@ def read(directory: Path, key: StoreKey) -> list[HostBlock]:
     return blocks
 
 
-def read_file(path: Path, key: StoreKey) -> list[HostBlock]:
+def read_file(path: Path, key: StoreKey) -> list[StoredBlock]:
     """The blocks of one file; ``CacheFileError`` if it is not one written under ``key``
     or is damaged in any way."""
     data = path.read_bytes()
@@ -181,10 +217,10 @@ def _split(data: bytes) -> tuple[dict[str, Any], bytes]:
     return header, data[start + length :]
 
 
-def _blocks(payload: bytes, block_size: int) -> list[HostBlock]:
+def _blocks(payload: bytes, block_size: int) -> list[StoredBlock]:
     try:
         entries = msgpack.unpackb(payload)
-        blocks = [HostBlock(p, tuple(t), kv, d) for p, t, kv, d in entries]
+        blocks = [StoredBlock(p, tuple(t), kv, d) for p, t, kv, d in entries]
     except (ValueError, TypeError) as exc:  # msgpack's errors are ValueErrors
         raise CacheFileError(f"payload: {exc}") from None
     for block in blocks:
@@ -192,57 +228,47 @@ def _blocks(payload: bytes, block_size: int) -> list[HostBlock]:
             isinstance(block.parent, bytes)
             and isinstance(block.kv, bytes)
             and isinstance(block.depth, int)
-            and len(block.tokens) == block_size
+            and 0 < len(block.tokens) <= block_size
             and all(isinstance(t, int) and 0 <= t < 2**31 for t in block.tokens)
         ):
             raise CacheFileError("payload: a block of the wrong shape")
     return blocks
 
 
-def load_into(host: HostCache, blocks: list[HostBlock]) -> int:
-    """Put ``blocks`` (in writing order) into the host tier so that, should it be smaller
-    than the files, it keeps the first ones written (shallow, recently used); returns how
-    many it holds afterwards."""
-    for block in reversed(blocks):
-        host.put(block)
-    return len(host)
-
-
 class KeptCache:
     """``--cache-dir`` for one engine: its key worked out once at start, the files read into
-    the host tier then, and the cache written at the end of a drain."""
+    the prefix cache then, and the cache written at the end of a drain."""
 
-    def __init__(self, directory: Path, key: StoreKey, limit: int, cache: PrefixCache) -> None:
+    def __init__(self, directory: Path, key: StoreKey, limit: int, kv: KvSpace) -> None:
         self.directory = directory
         self.key = key
         self.limit = limit
-        self.cache = cache
+        self.kv = kv  # its cache, which a failure may replace, is looked up at each use
 
     @classmethod
-    def open(
-        cls, config: Config, runtime: LlamaRuntime, cache: PrefixCache | None
-    ) -> KeptCache | None:
-        """None without ``--cache-dir`` (config refuses one without the host tier)."""
-        if not config.cache_dir or cache is None or cache.host is None:
+    def open(cls, config: Config, runtime: LlamaRuntime, kv: KvSpace) -> KeptCache | None:
+        """None without ``--cache-dir`` or without a prefix cache to keep."""
+        if not config.cache_dir or kv.cache is None:
             return None
-        layout = runtime.kv_layout
+        types = runtime.kv_types
         key = StoreKey(
             model_sha256(runtime.spec.model_path),
             llama_cpp_version(),
-            runtime.n_ctx,
             config.block_size,
-            layout["type_k"],
-            layout["type_v"],
-            layout["flash_attn"],
+            layout_digest(kv.cache.layout),
+            types["type_k"],
+            types["type_v"],
+            types["flash_attn"],
         )
-        return cls(Path(config.cache_dir), key, config.cache_dir_mb * 2**20, cache)
+        return cls(Path(config.cache_dir), key, config.cache_dir_mb * 2**20, kv)
 
     def load(self) -> int:
-        """Read the matching files into the host tier; returns the blocks it holds."""
-        assert self.cache.host is not None
+        """Read the matching files into the prefix cache; returns the blocks it took."""
+        cache = self.kv.cache
+        if cache is None:
+            return 0
         blocks = read(self.directory, self.key) if self.directory.is_dir() else []
-        held = load_into(self.cache.host, blocks)
-        self.cache.stats.host_bytes = self.cache.host.bytes
+        held = load_into(cache, blocks)
         log.info(
             "prefix cache read",
             extra=fields(dir=str(self.directory), blocks=held, key=self.key.digest),
@@ -250,11 +276,12 @@ class KeptCache:
         return held
 
     def save(self) -> int:
-        """Write the cache (cells and host tier) out; returns the blocks written. A disk
-        that fails is logged, not raised: the drain itself went well."""
-        assert self.cache.host is not None
-        self.cache.spill()
-        chosen = choose(self.cache.host.blocks(), self.limit)
+        """Write the prefix cache out; returns the blocks written. A disk that fails is
+        logged, not raised: the drain itself went well."""
+        cache = self.kv.cache
+        if cache is None:
+            return 0
+        chosen = choose(stored_blocks(cache), self.limit)
         try:
             files = write(self.directory, self.key, chosen)
         except OSError as exc:
@@ -267,3 +294,30 @@ class KeptCache:
             extra=fields(dir=str(self.directory), blocks=len(chosen), files=len(files)),
         )
         return len(chosen)
+
+
+def stored_blocks(cache: HostCache) -> list[StoredBlock]:
+    """Every block (and tail) of ``cache`` as a file holds it, shallow ones first."""
+    bs, tree, blocks = cache.block_size, cache.tree, []
+    keys: dict[int, bytes] = {}
+    for row in cache.held():
+        path, depth = tree.path_tokens(row), tree.depth(row)
+        parent = keys[tree.match(path[: depth * bs]).block_ids[-1]] if depth else ROOT
+        block = StoredBlock(parent, tuple(path[depth * bs :]), cache.arena[row].tobytes(), depth)
+        keys[row] = block.key
+        blocks.append(block)
+    return blocks
+
+
+def load_into(cache: HostCache, blocks: list[StoredBlock]) -> int:
+    """Put ``blocks`` (in writing order: parents first) into ``cache`` below their parents,
+    while it has free rows; returns how many it took."""
+    rows: dict[bytes, int] = {ROOT: -1}
+    for block in blocks:
+        parent = rows.get(block.parent)
+        if parent is None:
+            continue  # its parent was not taken
+        row = cache.adopt(parent, block.tokens, block.kv, from_disk=True)
+        if row >= 0:
+            rows[block.key] = row
+    return len(rows) - 1

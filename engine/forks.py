@@ -1,11 +1,9 @@
 """Choices of one prompt that share its prefill (``n`` > 1, ``Submit.fork_of``).
 
 The frontend submits the first choice (the leader) and then the others (followers) naming it.
-A follower that the engine accepts while its leader is in flight takes a
-reference to the leader's full prompt blocks (so admission charges them once) and, once it
-holds a slot, waits for the leader's prefill instead of doing its own. When the leader's last
-prompt chunk is decoded, ``fork`` copies the prompt's KV to each waiting follower
-(``llama_memory_seq_cp``: the cells are shared, not duplicated) and every one of them samples
+A follower accepted while its leader is in flight waits, once it holds a slot, for the
+leader's prefill instead of doing its own. When the leader's last prompt chunk is decoded,
+``fork`` copies the prompt's KV into each waiting follower's slot and every one of them samples
 its first token from the leader's logits row with its own sampler.
 
 A follower granted a slot after its leader's prefill ended copies all but the prompt's last
@@ -20,29 +18,19 @@ from collections.abc import Mapping
 
 from tinyserve.engine.runtime import LlamaRuntime
 from tinyserve.engine.sequence import Sequence, Status
-from tinyserve_native.kv_blocks import BlockAccountant
 
 
-def leader_of(seq: Sequence, by_id: Mapping[str, Sequence]) -> Sequence | None:
-    """The sequence ``seq`` may fork from: named by it, same prompt, itself no follower."""
+def follow(seq: Sequence, by_id: Mapping[str, Sequence]) -> None:
+    """Make ``seq`` a follower of the request it names, if that one may lead: in flight,
+    the same prompt, itself no follower."""
     name = seq.request.fork_of
     leader = by_id.get(name) if name else None
     if leader is None or leader.request.prompt_ids != seq.request.prompt_ids:
-        return None
-    if leader.status in (Status.NEW, Status.BLOCKED) or leader.leader is not None:
-        return None
-    return leader
-
-
-def follow(seq: Sequence, leader: Sequence, blocks: BlockAccountant) -> list[int]:
-    """Make ``seq`` a follower of ``leader``: returns the leader's full prompt blocks, which
-    ``seq`` now holds a reference to (its first blocks)."""
-    shared = leader.blocks[: seq.prompt_len // blocks.block_size]
-    for block in shared:
-        blocks.acquire(block)
+        return
+    if leader.status in (Status.NEW, Status.FINISHED) or leader.leader is not None:
+        return
     seq.leader = leader
     leader.followers.append(seq)
-    return shared
 
 
 def on_grant(seq: Sequence, runtime: LlamaRuntime) -> None:
@@ -55,7 +43,7 @@ def on_grant(seq: Sequence, runtime: LlamaRuntime) -> None:
         return  # fork() takes it when the leader's prompt is in
     if leader.status is Status.DECODE:
         shared = seq.prompt_len - 1
-        runtime.share(leader.slot, seq.slot, 0, shared)
+        runtime.share(leader.slot, seq.slot, shared)
         seq.n_past = shared
         seq.timeline.forked(leader.request_id, shared)
     unfollow(seq)
@@ -69,7 +57,7 @@ def waiting(leader: Sequence) -> list[Sequence]:
 def fork(leader: Sequence, follower: Sequence, runtime: LlamaRuntime) -> None:
     """The leader's prompt is in: copy it to ``follower``, which then decodes (its first
     token sampled from the leader's logits row)."""
-    runtime.share(leader.slot, follower.slot, 0, leader.prompt_len)
+    runtime.share(leader.slot, follower.slot, leader.prompt_len)
     follower.n_past = leader.prompt_len
     follower.timeline.forked(leader.request_id, leader.prompt_len)
     unfollow(follower)
@@ -83,7 +71,6 @@ def unfollow(seq: Sequence) -> None:
 
 
 def release(leader: Sequence) -> None:
-    """``leader`` ends: its remaining followers prefill on their own (their references keep
-    the shared blocks accounted)."""
+    """``leader`` ends: its remaining followers prefill on their own."""
     for follower in list(leader.followers):
         unfollow(follower)

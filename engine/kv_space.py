@@ -1,222 +1,217 @@
-"""Where each request's KV lives: its blocks, the prefix cache, the cells a slot keeps.
+"""Where each request's KV lives: its slot's cells, and the prefix cache in host memory.
 
-``KvSpace`` is the engine core's one door to KV state. The core schedules (who waits, who
-gets a slot, what goes in the batch) and asks this for the KV side of each step: reserve a
-request's worst case of blocks (after a prefix-cache lookup or its leader's prompt blocks),
-choose and fill a slot's cells at the grant, park a finished request's prefix and give back
-what it held. Which of the two KV layouts is in use shows only here: with one pool
-(``--kv-layout unified``) the shared prefix cache (``prefix_cache.py``); with a stream per
-slot, the cells each slot keeps of its last request (``resident.py``).
+Every slot has a stream of KV cells of its own (``--ctx-per-slot``), over which its sequence
+alone attends. ``KvSpace`` is the scheduler's one door to KV state:
 
-A failing prefix-cache operation (``call``) may leave the tree, the cache sequences and the
-blocks' cached flags disagreeing: every cached prefix is dropped (``reset``) and the failure
-becomes the request's, through ``RequestError``.
+- **At the grant** it picks the free slot and what the request reuses there. A free slot keeps
+  the cells of its last request (``SlotPrefixes``): a prompt that starts like them, a
+  conversation's next turn above all, goes to that slot and moves nothing. Otherwise the prefix
+  cache (``HostCache``) may hold the prompt's start: its blocks are joined into one saved state
+  and written into the lowest free slot. Lowest, because llama.cpp decodes in one pass only
+  rows of consecutive sequence ids (``split_equal``, sequential streams); a free slot between
+  running ones splits every step in two.
+- **At the finish** the slot's full blocks go to the cache (those it does not hold yet), and
+  the slot keeps its cells for the next grant. After a failure the cells are dropped.
+
+A cache step that fails is logged and the cache is emptied (its tree and arena may disagree):
+the request it happened to keeps its outcome; later ones prefill until it fills again.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
+import numpy as np
+
+from tinyserve import capacity
 from tinyserve.config import Config
-from tinyserve.engine import forks, prompt_logprobs
-from tinyserve.engine.prefix_cache import NO_HIT, CacheStats, PrefixCache
+from tinyserve.engine import prompt_logprobs
+from tinyserve.engine.host_cache import (
+    MISS_NO_MATCH,
+    MISS_SHORT,
+    NO_HIT,
+    TIER_DISK,
+    TIER_HOST,
+    TIER_SLOT,
+    CacheStats,
+    Hit,
+    HostCache,
+)
+from tinyserve.engine.kv_state import Bytes, StateFormatError, StateLayout
 from tinyserve.engine.resident import SlotPrefixes
 from tinyserve.engine.runtime import LlamaRuntime
-from tinyserve.engine.sequence import Sequence, Status
-from tinyserve.errors import EngineFatalError, RequestError
+from tinyserve.engine.sequence import Sequence
 from tinyserve.logs import fields
-from tinyserve.protocol import FINISH_ERROR
-from tinyserve_native.kv_blocks import BlockAccountant
 
 log = logging.getLogger(__name__)
 
-Live = Callable[[], Iterable[Sequence]]  # every request the engine holds
-Fail = Callable[[Sequence, str], None]  # end one with an error, detail given
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """What a granted request found in its slot: ``tokens`` of its prompt, from ``tier``
+    (``host_cache.TIER_*``; "" for nothing), written there in ``ns`` (0: nothing moved)."""
+
+    slot: int
+    tokens: int = 0
+    tier: str = ""
+    ns: int = 0
 
 
 class KvSpace:
-    """The block accountant and, per layout, the prefix cache or the slots' kept cells."""
+    """The slots' kept cells and the prefix cache, for the scheduler."""
 
-    def __init__(self, config: Config, runtime: LlamaRuntime, live: Live, fail: Fail) -> None:
+    def __init__(self, config: Config, runtime: LlamaRuntime) -> None:
         self.runtime = runtime
-        self.blocks = BlockAccountant(runtime.n_ctx // config.block_size, config.block_size)
-        self.cache = (
-            PrefixCache.from_config(config, runtime, self.blocks) if config.shared_cache else None
-        )
-        # --kv-layout slots: each slot's cells are its own; a slot keeps its last prefix.
-        slot_kept = config.prefix_cache and not config.shared_cache
-        self.resident = SlotPrefixes(config.slots, config.block_size) if slot_kept else None
-        self._live = live
-        self._fail = fail
+        self.block_size = config.block_size
+        self.n_slots = config.slots
+        self.kept = SlotPrefixes(config.slots, config.block_size)
+        self.stats = CacheStats()
+        self.cache: HostCache | None = None
+        self._capacity = config.host_cache_mb * 2**20
+        if config.prefix_cache and self._capacity:
+            self.cache = _open_cache(runtime, config.block_size, self._capacity, self.stats)
 
-    # -- a request's way through ---------------------------------------------------------------
+    def hint(self, prompt: list[int]) -> int:
+        """Prompt tokens the cache holds now (an estimate for the policy; counts nothing)."""
+        return self.cache.peek(prompt) if self.cache else 0
 
-    def reserve(self, seq: Sequence, leader: Sequence | None) -> int | None:
-        """Give ``seq`` its worst case of blocks: its leader's prompt blocks or its cached
-        prefix's, then blocks of its own; returns how many are its own, or None (holding
-        nothing) when the free and evictable blocks are not enough now."""
-        if leader is not None:
-            seq.blocks = forks.follow(seq, leader, self.blocks)
-        elif self.cache:
-            self._look_up(seq)
-        # Shared blocks are charged once, to the cache.
-        own = self.blocks.blocks_for(seq.prompt_len + seq.request.max_tokens) - len(seq.blocks)
-        if not self._make_room(own):
-            forks.unfollow(seq)
-            self.blocks.release_all(seq.blocks)
-            seq.blocks, seq.hit = [], NO_HIT
-            return None
-        seq.blocks += self.blocks.allocate(own)
-        return own
+    def grant(self, seq: Sequence, free: list[int]) -> Reuse:
+        """Choose ``seq``'s slot among ``free`` and put in its cells what it reuses."""
+        # NOTE: a follower takes its leader's cells and a request that wants prompt logprobs
+        # prefills every position (cached positions have no logits): neither reuses.
+        if seq.leader is not None or prompt_logprobs.wanted(seq):
+            seq.timeline.prefix_recomputed = self.hint(seq.request.prompt_ids)
+            return self._keep(free[0], 0)
+        prompt = seq.request.prompt_ids
+        slot, kept = self.kept.choose(prompt, free)
+        hit = self._call(seq, "looking the prompt up", lambda c: c.lookup(prompt), NO_HIT)
+        reuse = None
+        if hit.n_tokens > kept:
+            reuse = self._restore(seq, free[0], hit)
+        reuse = reuse or self._keep(slot, kept)
+        self._count(prompt, reuse)
+        return reuse
 
-    def choose_slot(self, seq: Sequence, free: list[int]) -> tuple[int, int]:
-        """(slot, tokens of its kept cells to reuse) for ``seq``, among ``free`` slots."""
-        if self.resident is None:
-            return free[0], 0
-        # NOTE: a follower's cells are its leader's copy; prompt logprobs need every position
-        # prefilled: neither reuses what a slot kept.
-        reuse = seq.leader is None and not prompt_logprobs.wanted(seq)
-        return self.resident.choose(seq.request.prompt_ids, free, reuse)
-
-    def attach(self, seq: Sequence, slot: int, reused: int) -> None:
-        """``seq`` just took ``slot``: let it see what it reuses; prefill starts after it."""
-        if self.cache:
-            self._attach_cached(seq, slot)
-        elif self.resident:
-            self.resident.take(slot)
-            self.runtime.forget(slot, reused)
-            seq.n_past = seq.timeline.prefix_tokens = reused
-
-    def park(self, seq: Sequence, reason: str) -> None:
-        """``seq`` finished in its slot: cache its prefix (never after a failure, which may
-        have left its cells wrong)."""
-        if self.cache and reason != FINISH_ERROR:
-            self.quietly(
-                seq,
-                "caching a finished request's prefix",
-                lambda c: c.park(seq.kv_tokens(), seq.blocks, seq.slot),
-            )
-
-    def vacate(self, seq: Sequence, keep: bool) -> None:
-        """``seq``'s slot is given up: ``keep`` (with ``--kv-layout slots``) leaves its cells
-        for the next grant, else they go."""
-        if self.resident is not None and keep:
-            self.resident.keep(seq.slot, seq.kv_tokens())
-        else:
+    def finish(self, seq: Sequence, served: bool) -> None:
+        """``seq`` leaves its slot: when ``served`` (not after a failure, which may have left
+        its cells wrong), its full blocks go to the cache and the slot keeps its cells."""
+        if not served:
             self.runtime.forget(seq.slot)
-
-    def release(self, seq: Sequence, had_slot: bool) -> None:
-        """Give back ``seq``'s blocks; after a slot, bound the idle cached blocks in cells."""
-        self.blocks.release_all(seq.blocks)
-        if had_slot and self.cache:
-            self.quietly(
-                seq, "bounding a finished request's cached blocks in cells", lambda c: c.trim()
-            )
-
-    def stats(self) -> CacheStats | None:
-        if self.cache:
-            return self.cache.stats
-        return self.resident.stats if self.resident else None
-
-    def _look_up(self, seq: Sequence) -> None:
-        with self.call() as cache:
-            hit = cache.lookup(seq.request.prompt_ids)
-        if prompt_logprobs.wanted(seq):  # cached positions have no logits: prefill them again
-            self.blocks.release_all(list(hit.block_ids))
-            seq.timeline.prefix_recomputed = hit.n_tokens
+            self.kept.keep(seq.slot, [])
             return
-        seq.hit, seq.blocks = hit, list(hit.block_ids)  # pinned: held like its own blocks
-        seq.timeline.host_restored(hit.host_tokens, hit.restore_ns)
+        tokens = seq.kv_tokens()
+        self._call(seq, "caching its prefix", lambda c: c.store(tokens, self._saver(seq)), 0)
+        self.kept.keep(seq.slot, tokens)
 
-    def _make_room(self, n_blocks: int) -> bool:
-        if self.cache:
-            with self.call() as cache:
-                return cache.make_room(n_blocks)
-        return self.blocks.can_allocate(n_blocks)
-
-    def _attach_cached(self, seq: Sequence, slot: int) -> None:
-        """Let the slot see the cells of its hit and of the start of the block after it."""
-        with self.call() as cache:
-            if seq.hit.n_tokens:
-                cache.attach(seq.hit, slot)
-                seq.n_past = seq.hit.n_tokens
-            # NOTE: a follower takes its leader's prompt cells, and a request that wants
-            # prompt logprobs prefills every position: neither reuses part of a block.
-            if seq.leader is None and not prompt_logprobs.wanted(seq):
-                seq.n_past += cache.attach_partial(seq.hit, seq.request.prompt_ids, slot)
-        seq.timeline.prefix_tokens = seq.n_past
-
-    # -- failures of the prefix cache ----------------------------------------------------------
-
-    def quietly(self, seq: Sequence, what: str, call: Callable[[PrefixCache], object]) -> None:
-        """A cache step after ``seq`` finished. The request was served in full whatever
-        happens here, so it keeps its finish; a cache failure (the cache is reset) is logged."""
-        try:
-            with self.call() as cache:
-                call(cache)
-        except RequestError as exc:
-            log.warning(
-                "%s failed; the request keeps its finish",
-                what,
-                extra=fields(request_id=seq.request_id, error=f"{exc}: {exc.__cause__!r}"),
-            )
-
-    @contextmanager
-    def call(self) -> Iterator[PrefixCache]:
-        """A prefix-cache operation for the request being served. If it fails, the tree, the
-        cache sequences and the blocks' cached flags may disagree: rather than serve from a
-        wrong cache, every cached prefix is dropped, and the failure is that request's."""
-        assert self.cache is not None
-        try:
-            yield self.cache
-        except EngineFatalError:
-            raise
-        except Exception as exc:
-            self.reset()
-            raise RequestError("prefix cache failure (the cache was reset)") from exc
-
-    def reset(self) -> None:
-        """Drop every cached prefix: cached flags, cache sequences' cells, the tree. Running
-        requests keep the cells they see (tagged with their slots); waiting ones lose their
-        hits, whose cells only cache sequences held."""
-        cached = self.blocks.cached
-        try:
-            assert self.cache is not None
-            self.cache.reset()
-            stray = self._release_stray_references()
-            hits = [s for s in self._live() if s.status is Status.WAITING and s.hit.n_tokens]
-            for seq in hits:
-                self._drop_hit(seq)
-        except Exception as exc:
-            raise EngineFatalError("the prefix cache failed and could not be reset") from exc
-        log.error(
-            "prefix cache reset: every cached prefix dropped",
-            extra=fields(cached_blocks=cached, stray_refs=stray, waiting_hits_lost=len(hits)),
+    def blocks(self, running: list[Sequence]) -> tuple[int, int, int]:
+        """KV blocks of all slots' cells, those running requests fill, those free slots keep."""
+        per_slot = self.runtime.n_ctx_seq // self.block_size
+        used = sum(capacity.blocks_needed(s.n_past, self.block_size) for s in running)
+        taken = {s.slot for s in running}
+        kept = sum(
+            capacity.blocks_needed(len(tokens), self.block_size)
+            for slot, tokens in enumerate(self.kept.tokens)
+            if slot not in taken
         )
+        return per_slot * self.n_slots, used, kept
 
-    def _release_stray_references(self) -> int:
-        """With nothing cached, every reference to a block is a request's: release the others
-        (pins a failed cache operation took and never gave back). Returns how many."""
-        held = Counter(block for seq in self._live() for block in seq.blocks)
-        stray = 0
-        for block in range(self.blocks.total):
-            extra = self.blocks.refcount(block) - held[block]
-            if extra < 0:
-                raise RuntimeError(f"block {block} has fewer references than requests hold")
-            for _ in range(extra):
-                self.blocks.release(block)
-            stray += extra
-        return stray
+    def _count(self, prompt: list[int], reuse: Reuse) -> None:
+        stats = self.stats
+        stats.lookups += 1
+        stats.lookup_tokens += max(len(prompt) - 1, 0)
+        if reuse.tier == TIER_SLOT:
+            stats.hit_tokens[TIER_SLOT] += reuse.tokens
+        elif not reuse.tier:
+            stats.misses[MISS_SHORT if len(prompt) <= self.block_size else MISS_NO_MATCH] += 1
 
-    def _drop_hit(self, seq: Sequence) -> None:
-        """A waiting request whose cached prefix is gone prefills it, on blocks of its own."""
-        n = len(seq.hit.block_ids)
-        self.blocks.release_all(seq.blocks[:n])
-        seq.blocks, seq.hit = seq.blocks[n:], NO_HIT
-        if self.blocks.can_allocate(n):
-            seq.blocks = self.blocks.allocate(n) + seq.blocks
-        else:
-            self._fail(seq, "its cached prefix was dropped and no KV space is left")
+    # -- the two ways a slot is filled ------------------------------------------------------
+
+    def _keep(self, slot: int, tokens: int) -> Reuse:
+        """``slot`` keeps the first ``tokens`` of its cells for the request; the rest go."""
+        self.kept.take(slot, tokens)
+        self.runtime.forget(slot, tokens)
+        return Reuse(slot, tokens, TIER_SLOT if tokens else "")
+
+    def _restore(self, seq: Sequence, slot: int, hit: Hit) -> Reuse | None:
+        """Write ``hit``'s blocks into ``slot``; None (the slot untouched) if that failed."""
+        started = time.perf_counter_ns()
+
+        def load(cache: HostCache) -> bool:
+            return cache.restore(hit, lambda state: self.runtime.load_seq(slot, state))
+
+        if not self._call(seq, "restoring its prefix", load, False):
+            log.warning("prefix cache restore refused", extra=fields(request_id=seq.request_id))
+            return None
+        self.kept.take(slot, 0)
+        tier = TIER_DISK if hit.disk_tokens * 2 > hit.n_tokens else TIER_HOST
+        return Reuse(slot, hit.n_tokens, tier, time.perf_counter_ns() - started)
+
+    def _saver(self, seq: Sequence) -> Callable[[], Bytes]:
+        return lambda: self.runtime.save_seq(seq.slot)
+
+    def _call(self, seq: Sequence, what: str, step: Callable[[HostCache], T], failed: T) -> T:
+        """A cache step for ``seq``. The cache failing is no failure of the request: it is
+        logged, the cache emptied (its tree and arena may no longer agree), ``failed`` given."""
+        cache = self.cache
+        if cache is None:
+            return failed
+        try:
+            return step(cache)
+        except Exception as exc:
+            log.error(
+                "prefix cache failed while %s; it was emptied",
+                what,
+                exc_info=exc,
+                extra=fields(request_id=seq.request_id),
+            )
+            self.cache = HostCache(cache.layout, self.block_size, self._capacity, self.stats)
+            return failed
+
+
+def _open_cache(
+    runtime: LlamaRuntime, block_size: int, capacity_bytes: int, stats: CacheStats
+) -> HostCache | None:
+    """The prefix cache, or None (with one line saying why) when this model's saved state is
+    not one ``kv_state`` can cut into blocks."""
+    try:
+        layout = probe_layout(runtime, block_size)
+    except StateFormatError as exc:
+        log.warning("prefix cache off: this model's KV state cannot be cut into blocks (%s)", exc)
+        return None
+    cache = HostCache(layout, block_size, capacity_bytes, stats)
+    log.info(
+        "prefix cache: %d blocks of %d tokens in %.0f MiB of host memory",
+        cache.blocks.total,
+        block_size,
+        capacity_bytes / 2**20,
+    )
+    return cache
+
+
+def probe_layout(runtime: LlamaRuntime, block_size: int) -> StateLayout:
+    """Decode one block into slot 0, read the state layout off its saved state, and check that
+    cutting and joining gives the same bytes back and that llama.cpp takes them."""
+    batch = runtime.batch
+    batch.clear()
+    batch.add_span(list(range(block_size)), 0, block_size, 0, 0, False)
+    if runtime.decode() != 0:
+        raise StateFormatError("the probe's decode failed")
+    try:
+        state = runtime.save_seq(0).copy()
+        layout = StateLayout.read(state.tobytes(), runtime.n_layer)
+        arena = np.empty((1, block_size * layout.cell_bytes), np.uint8)
+        layout.cut(state, 0, block_size, arena, [0], block_size)
+        out = np.empty(layout.state_bytes(block_size), np.uint8)
+        if not np.array_equal(layout.join(arena, [0], block_size, block_size, out), state):
+            raise StateFormatError("a state cut into blocks and joined is not the same state")
+        if not runtime.load_seq(0, out):
+            raise StateFormatError("llama.cpp refused a joined state")
+    finally:
+        runtime.clear()
+    return layout

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import Any
 
-from tinyserve.engine.prefix_cache import CacheStats
+from tinyserve.engine.host_cache import CacheStats
 from tinyserve.engine.report import RULE_PRIORITY, RULE_TENANT, Cause, Grant, Load, TickReport
 from tinyserve.metrics import Metrics
 
@@ -46,7 +47,6 @@ class EngineMeter:
         self._gauges = [m.gauge(f"tinyserve_{name}") for name in _LOAD_GAUGES]
         m.gauge("tinyserve_slots").set(slots)
         self._queue_wait = m.histogram("tinyserve_queue_wait_seconds")
-        self._kv_wait = m.histogram("tinyserve_kv_wait_seconds")
         self._decisions = m.counter("tinyserve_scheduler_decisions_total")
         self._rejections = m.counter("tinyserve_admission_rejections_total")
         self._cancellations = m.counter("tinyserve_cancellations_total")
@@ -71,7 +71,6 @@ class EngineMeter:
         for grant in report.grants:
             self._decisions.labels(self._policy, rule_label(grant, self._tenants)).inc()
             self._queue_wait.observe(grant.wait_s)
-            self._kv_wait.observe(grant.kv_wait_s)
         for rejection in report.rejections:
             self._rejections.labels("engine", rejection.reason).inc()
         for finish in report.finishes:
@@ -119,33 +118,34 @@ class _CacheCounters:
         self._lookup_tokens = m.counter("tinyserve_prefix_cache_lookup_tokens_total")
         self._hit_tokens = m.counter("tinyserve_prefix_cache_hit_tokens_total")
         self._misses = m.counter("tinyserve_prefix_cache_misses_total")
+        self._restore = m.counter("tinyserve_prefix_cache_restore_seconds_total")
+        self._stored = m.counter("tinyserve_prefix_cache_stored_blocks_total")
+        self._store = m.counter("tinyserve_prefix_cache_store_seconds_total")
         self._evicted = m.counter("tinyserve_prefix_cache_evicted_blocks_total")
-        self._host_saved = m.counter("tinyserve_prefix_cache_host_saved_blocks_total")
-        self._host_hit = m.counter("tinyserve_prefix_cache_host_hit_tokens_total")
-        self._host_restore = m.counter("tinyserve_prefix_cache_host_restore_seconds_total")
-        self._host_bytes = m.gauge("tinyserve_prefix_cache_host_bytes")
-        self._partial = m.counter("tinyserve_prefix_cache_partial_tokens_total")
+        self._bytes = m.gauge("tinyserve_prefix_cache_bytes")
         self._seen = CacheStats()
 
     def catch_up(self, stats: CacheStats) -> None:
         seen = self._seen
-        if (stats.lookups, stats.evicted_blocks, stats.host_bytes, stats.partial_tokens) == (
-            seen.lookups,
-            seen.evicted_blocks,
-            seen.host_bytes,
-            seen.partial_tokens,
-        ):
-            return  # nothing looked up, evicted, read from disk or partly reused since
+        now = (stats.lookups, stats.stored_blocks, stats.bytes_held)
+        if now == (seen.lookups, seen.stored_blocks, seen.bytes_held):
+            return  # no grant looked anything up, nothing stored or read from disk since
         self._lookups.inc(stats.lookups - seen.lookups)
         self._lookup_tokens.inc(stats.lookup_tokens - seen.lookup_tokens)
-        self._hit_tokens.inc(stats.hit_tokens - seen.hit_tokens)
+        _follow(self._hit_tokens, stats.hit_tokens, seen.hit_tokens)
+        _follow(self._misses, stats.misses, seen.misses)
+        self._restore.inc((stats.restore_ns - seen.restore_ns) / 1e9)
+        self._stored.inc(stats.stored_blocks - seen.stored_blocks)
+        self._store.inc((stats.store_ns - seen.store_ns) / 1e9)
         self._evicted.inc(stats.evicted_blocks - seen.evicted_blocks)
-        for reason, count in stats.misses.items():
-            if count != seen.misses[reason]:
-                self._misses.labels(reason).inc(count - seen.misses[reason])
-        self._host_saved.inc(stats.host_saved_blocks - seen.host_saved_blocks)
-        self._host_hit.inc(stats.host_hit_tokens - seen.host_hit_tokens)
-        self._host_restore.inc((stats.host_restore_ns - seen.host_restore_ns) / 1e9)
-        self._host_bytes.set(stats.host_bytes)
-        self._partial.inc(stats.partial_tokens - seen.partial_tokens)
-        self._seen = replace(stats, misses=Counter(stats.misses))
+        self._bytes.set(stats.bytes_held)
+        self._seen = replace(
+            stats, hit_tokens=Counter(stats.hit_tokens), misses=Counter(stats.misses)
+        )
+
+
+def _follow(counter: Any, totals: Counter[str], seen: Counter[str]) -> None:
+    """Add each label's increment since ``seen`` to a labelled counter."""
+    for label, total in totals.items():
+        if total != seen[label]:
+            counter.labels(label).inc(total - seen[label])

@@ -27,7 +27,7 @@ from tinyserve.engine.cache_store import KeptCache
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.events import EventFeed
 from tinyserve.engine.meters import EngineMeter
-from tinyserve.engine.report import Cause, TickReport
+from tinyserve.engine.report import TickReport
 from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
 from tinyserve.engine.spans import SpanRecorder
 from tinyserve.errors import TinyServeError
@@ -37,7 +37,6 @@ from tinyserve.ownership import join_node
 from tinyserve.procs import pid_alive
 from tinyserve.protocol import (
     FEED_TOPIC,
-    FINISH_ERROR,
     STATE_DRAINING,
     STATE_READY,
     Cancel,
@@ -110,7 +109,7 @@ class EngineProcess:
         # OpenTelemetry spans of finished requests; None: tracing off
         self.spans = SpanRecorder(self.tracing) if self.tracing.tracer else None
         self.core = EngineCore(config, self.runtime)
-        self.kept = KeptCache.open(config, self.runtime, self.core.cache)  # --cache-dir
+        self.kept = KeptCache.open(config, self.runtime, self.core.kv)  # --cache-dir
         if self.kept is not None:
             self.kept.load()
         process_metrics = metrics.setup(config.runtime_dir, metrics.ENGINE)
@@ -150,7 +149,7 @@ class EngineProcess:
             extra=fields(
                 model=self.model_name,
                 runtime_dir=self.config.runtime_dir,
-                blocks=self.core.blocks.total,
+                kv=str(self.runtime.kv),
                 slots=self.config.slots,
             ),
         )
@@ -159,7 +158,7 @@ class EngineProcess:
         """First signal: drain (finish running work, refuse new). The loop ends when done."""
         if not self.core.draining:
             log.info("draining", extra=fields(signal=signal.Signals(signum).name))
-            self.core.draining = True
+            self.core.drain()
             self._stop_at_ns = time.monotonic_ns() + int(self.config.drain_timeout * 1e9)
             self.notifier.stopping()
         else:
@@ -184,10 +183,8 @@ class EngineProcess:
         try:
             while not self._finished():
                 self._pass()
-            detail = "the engine stopped (drain timeout)"
-            for request_id in list(self.core.by_id):
-                self.core.cancel(request_id, FINISH_ERROR, detail, Cause.ENGINE)
-            self._report(self.core.step())
+            self.core.end_all("the engine stopped (drain timeout)")
+            self._report(self.core.report())
             if self.kept is not None:
                 self.kept.save()
         except Exception as exc:
@@ -197,7 +194,7 @@ class EngineProcess:
         self._receive(block=not self.core.has_work())
         self._housekeeping()
         core = self.core
-        self._report(core.step() if core.has_work() or core.drafts else core.report())
+        self._report(core.step() if core.has_work() or core.pending() else core.report())
         self.heartbeat.progress_ns = time.monotonic_ns()
 
     def _report(self, report: TickReport) -> None:
@@ -219,7 +216,7 @@ class EngineProcess:
             return
         feed.observe(report, now)
         if feed.due(now):
-            update = feed.take(now, self.core.slots, self.core.queued(), report.load)
+            update = feed.take(now, self.core.slots(), self.core.queued(), report.load)
             self.outbox.send_multipart([FEED_TOPIC, encode(update)])
 
     def _fail(self, exc: Exception) -> NoReturn:
@@ -293,7 +290,7 @@ class EngineProcess:
             self.runtime.n_vocab,
             self.config.slots,
             self.config.block_size,
-            self.core.blocks.total,
+            self.core.load().blocks_total,
             self.config.max_queue,
         )
         self.outbox.send_multipart([topic(hello.frontend_id), encode(ack)])

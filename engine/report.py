@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from tinyserve.engine.prefix_cache import CacheStats
+from tinyserve.engine.host_cache import CacheStats
 from tinyserve.engine.timeline import Timeline
 from tinyserve.protocol import RequestUpdate
 
@@ -22,7 +22,7 @@ RULE_WORK = "shortest"  # srpt: the smallest work, aged by the time waited
 
 
 class Cause(enum.Enum):
-    """Who ended a request that did not run to its own end (``Finish.cause``)."""
+    """Who ended a request that did not run to its own end (``Ended.cause``)."""
 
     NONE = "none"  # it ended by itself: stop, length, or an error
     CLIENT = "client"  # its frontend sent a Cancel (client gone, stalled, drain)
@@ -42,11 +42,10 @@ class Grant:
     tenant: str
     priority: int
     wait_s: float  # the timeline's wait: acceptance to slot grant
-    kv_wait_s: float = 0.0  # before that: receipt to acceptance, waiting for KV blocks
 
 
 @dataclass(frozen=True, slots=True)
-class Finish:
+class Ended:
     """A request that had been accepted ended this tick."""
 
     reason: str  # FINISH_*
@@ -82,9 +81,9 @@ class Load:
     tick: int
     waiting: int
     running: int
-    blocks_total: int
-    blocks_used: int
-    blocks_cached: int
+    blocks_total: int  # KV blocks of every slot's cells
+    blocks_used: int  # of them, those running requests fill
+    blocks_cached: int  # those free slots keep of their last request
     drain_rate: float  # requests leaving per second of work (engine/drain.py)
 
 
@@ -92,18 +91,22 @@ class Load:
 class TickReport:
     """Everything one tick (or one idle pass) produced.
 
-    ``updates`` are the wire updates per frontend id; ``generated`` counts the tokens they
-    carry; ``cache`` is the prefix cache's running totals (None when it is off).
+    ``updates`` are the wire updates per frontend id; ``cache`` is the prefix cache's running
+    totals.
     """
 
     load: Load
     updates: dict[str, list[RequestUpdate]] = field(default_factory=dict)
     grants: list[Grant] = field(default_factory=list)
-    finishes: list[Finish] = field(default_factory=list)
+    finishes: list[Ended] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
     batch: Batch | None = None
-    generated: int = 0
     cache: CacheStats | None = None
+
+    @property
+    def generated(self) -> int:
+        """Tokens generated this tick: those the updates carry."""
+        return sum(len(u.token_ids) for ups in self.updates.values() for u in ups)
 
     def ended(self) -> list[Timeline]:
         """Timelines of the requests that ended this tick, rejected ones included."""

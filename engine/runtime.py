@@ -17,7 +17,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from tinyserve.config import Config
+from tinyserve.config import DEFAULT_CTX_PER_SLOT, Config
 from tinyserve.engine.sampler import Sampler, Vocab
 from tinyserve.errors import EngineFatalError, ModelNotFoundError, RequestError
 from tinyserve.model import resolve_model_path
@@ -29,6 +29,19 @@ log = logging.getLogger(__name__)
 # ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation. Its info is our debug.
 _LLAMA_LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}
 _PIECE_BUF = 256  # bytes; grown when a token's text is longer
+# llama.cpp pads each stream's cells to a multiple of this (src/llama-context.cpp:
+# ``n_ctx_seq = GGML_PAD(n_ctx / n_seq_max, 256)``).
+KV_STREAM_PAD = 256
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Where llama.cpp puts the weights (and with them the KV cache of their layers)."""
+
+    layers: int = 0  # offloaded layers; GPU_LAYERS_ALL: all of them
+    main_gpu: int = 0
+    split_mode: str = "layer"
+    tensor_split: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -36,24 +49,41 @@ class RuntimeSpec:
     """What the runtime needs to open a context; derived once from the engine's config."""
 
     model_path: Path
-    n_ctx: int
-    n_seq_max: int
+    slots: int  # sequences, each with a KV stream of its own
+    ctx_per_slot: int  # cells of each; 0: the model's training context, capped
     n_batch: int
     n_threads: int
     repack: str = "auto"  # llama.cpp's weight repacking: "on", "off", or off where the CPU has AMX
-    unified: bool = True  # one pool of KV cells for all sequences, else n_ctx/n_seq_max each
+    gpu: GpuSpec = GpuSpec()
 
     @classmethod
     def from_config(cls, config: Config) -> RuntimeSpec:
+        shares = tuple(float(x) for x in config.tensor_split.split(",") if x)
         return cls(
             resolve_model_path(config.model),
-            config.ctx,
-            config.n_seq_max,
+            config.slots,
+            config.ctx_per_slot,
             config.max_batch_tokens,
             config.engine_threads,
             config.repack,
-            config.kv_layout == "unified",
+            GpuSpec(config.gpu_layers, config.main_gpu, config.split_mode, shares),
         )
+
+
+@dataclass(frozen=True)
+class KvMemory:
+    """The KV cells llama.cpp allocates up front: ``slots`` streams of ``cells`` each."""
+
+    slots: int
+    cells: int
+    cell_bytes: int  # K and V of one token in every layer, as the model's shapes give them
+
+    @property
+    def bytes(self) -> int:
+        return self.slots * self.cells * self.cell_bytes
+
+    def __str__(self) -> str:
+        return f"{self.slots} slots x {self.cells} cells, {self.bytes / 2**20:.0f} MiB"
 
 
 def _route_llama_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
@@ -67,13 +97,42 @@ def _route_llama_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
 _LOG_CALLBACK = llama_cpp.llama_log_callback(_route_llama_log)
 
 
-def model_params(repack: bool) -> llama_cpp.llama_model_params:
-    """How llama.cpp loads the weights: on the CPU, repacked into its extra buffer types
-    (AMX, CPU_REPACK) only when ``repack``."""
+_SPLIT_MODES = {
+    "none": llama_cpp.LLAMA_SPLIT_MODE_NONE,
+    "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+    "row": llama_cpp.LLAMA_SPLIT_MODE_ROW,
+}
+
+
+def model_params(
+    repack: bool, gpu: GpuSpec = GpuSpec(), shares: ctypes.Array[ctypes.c_float] | None = None
+) -> llama_cpp.llama_model_params:
+    """How llama.cpp loads the weights: ``gpu.layers`` of them on the GPU (a negative count
+    is all), split by ``shares`` (``gpu.tensor_split`` as llama.cpp's array, which the caller
+    keeps alive through the load), repacked into its extra CPU buffer types (AMX,
+    CPU_REPACK) only when ``repack``."""
     params: llama_cpp.llama_model_params = llama_cpp.llama_model_default_params()
-    params.n_gpu_layers = 0
+    params.n_gpu_layers = gpu.layers
+    params.main_gpu = gpu.main_gpu
+    params.split_mode = _SPLIT_MODES[gpu.split_mode]
+    if shares is not None:
+        params.tensor_split = shares
     params.use_extra_bufts = repack
     return params
+
+
+def check_gpu(gpu: GpuSpec) -> None:
+    """Refuse GPU settings this build of llama.cpp cannot honour, with one line saying why."""
+    if gpu.layers and not llama_cpp.llama_supports_gpu_offload():
+        raise EngineFatalError(
+            "--gpu-layers needs a llama-cpp-python built with a GPU backend; this one runs on "
+            "the CPU only (docs/deploy.md: building it for CUDA)"
+        )
+    devices = llama_cpp.llama_max_devices()
+    if len(gpu.tensor_split) > devices:
+        raise EngineFatalError(
+            f"--tensor-split names {len(gpu.tensor_split)} GPUs; at most {devices}"
+        )
 
 
 def repack_weights(mode: str) -> bool:
@@ -98,19 +157,20 @@ def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
 
 
 class LlamaRuntime:
-    """The model, one context (KV cells in one pool, or a stream per sequence id), and one
-    reusable batch."""
+    """The model, one context (a stream of KV cells per slot), and one reusable batch."""
 
     def __init__(self, spec: RuntimeSpec) -> None:
         llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
+        check_gpu(spec.gpu)
         self.spec = spec
-        self._model = self._load_model(spec.model_path, repack_weights(spec.repack))
+        self._model = self._load_model(spec)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.n_layer = int(llama_cpp.llama_model_n_layer(self._model))
         self.eog_tokens = [t for t in range(self.n_vocab) if self.is_eog(t)]
-        self.ctx = self._new_context(spec)
-        self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))  # cells of all sequences
+        self.kv = self._kv_memory(spec)
+        self.ctx = self._new_context(spec, self.kv)
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self.ctx))  # cells one sequence may use
         self._memory = llama_cpp.llama_get_memory(self.ctx)
         # llama.cpp caps n_batch at n_ctx, and asserts (aborts) on a bigger batch: use its figure.
@@ -118,47 +178,82 @@ class LlamaRuntime:
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self.batch = BatchBuilder(ctypes.addressof(self._batch), n_batch)
         self._piece = ctypes.create_string_buffer(_PIECE_BUF)
+        self._state: npt.NDArray[np.uint8] = np.empty(0, np.uint8)  # save_seq's, reused
         log.info(
-            "model loaded: %s (n_ctx=%d, %s, n_seq_max=%d, n_batch=%d, threads=%d)",
+            "model loaded: %s (KV cache: %s; n_batch=%d, threads=%d, gpu_layers=%s)",
             spec.model_path.name,
-            self.n_ctx,
-            "unified" if spec.unified else f"{self.n_ctx_seq} cells per sequence",
-            spec.n_seq_max,
-            spec.n_batch,
+            self.kv,
+            n_batch,
             spec.n_threads,
+            "all" if spec.gpu.layers < 0 else spec.gpu.layers,
         )
 
-    @staticmethod
-    def _load_model(path: Path, repack: bool) -> llama_cpp.llama_model_p:
+    def _load_model(self, spec: RuntimeSpec) -> llama_cpp.llama_model_p:
+        shares = None
+        if spec.gpu.tensor_split:
+            shares = (ctypes.c_float * llama_cpp.llama_max_devices())(*spec.gpu.tensor_split)
+        params = model_params(repack_weights(spec.repack), spec.gpu, shares)
+        path = spec.model_path
         model: llama_cpp.llama_model_p = llama_cpp.llama_model_load_from_file(
-            str(path).encode(), model_params(repack)
+            str(path).encode(), params
         )
         if not model:
             raise ModelNotFoundError(f"llama.cpp could not load model file: {path}")
         return model
 
-    def _new_context(self, spec: RuntimeSpec) -> llama_cpp.llama_context_p:
+    def _kv_memory(self, spec: RuntimeSpec) -> KvMemory:
+        """What the KV cache will take, refused with one line when the memory is not there
+        (on the CPU: llama.cpp would be killed writing zeros into it, not refused)."""
+        train = int(llama_cpp.llama_model_n_ctx_train(self._model))
+        cells = spec.ctx_per_slot or min(train, DEFAULT_CTX_PER_SLOT)
+        cells = -(-cells // KV_STREAM_PAD) * KV_STREAM_PAD  # llama.cpp pads each stream so
+        kv = KvMemory(spec.slots, cells, self._cell_bytes())
+        available = _available_memory()
+        if spec.gpu.layers == 0 and available is not None and kv.bytes > available:
+            raise EngineFatalError(
+                f"the KV cache ({kv}) does not fit in the {available / 2**20:.0f} MiB of memory "
+                "available: lower --slots or --ctx-per-slot"
+            )
+        return kv
+
+    def _cell_bytes(self) -> int:
+        """K and V bytes of one token in all layers (f16, llama.cpp's default cache type)."""
+        arch = self._meta("general.architecture")
+        heads = int(llama_cpp.llama_model_n_head(self._model))
+        default = int(llama_cpp.llama_model_n_embd(self._model)) // max(heads, 1)
+        k = int(self._meta(f"{arch}.attention.key_length") or default)
+        v = int(self._meta(f"{arch}.attention.value_length") or default)
+        return self.n_layer * int(llama_cpp.llama_model_n_head_kv(self._model)) * (k + v) * 2
+
+    def _meta(self, key: str) -> str:
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode() if n >= 0 else ""
+
+    def _new_context(self, spec: RuntimeSpec, kv: KvMemory) -> llama_cpp.llama_context_p:
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = spec.n_ctx
+        params.n_ctx = kv.slots * kv.cells
         params.n_batch = spec.n_batch
         params.n_ubatch = spec.n_batch
-        params.n_seq_max = spec.n_seq_max
-        # NOTE: unified, one pool of KV cells for all sequences, which the prefix cache shares
-        # and one request may fill; otherwise llama.cpp splits n_ctx evenly per sequence id
-        # (a stream each), and a sequence's attention spans its own cells only.
-        params.kv_unified = spec.unified
+        params.n_seq_max = kv.slots
+        # NOTE: a stream of cells per sequence: each running sequence attends over its own
+        # cells only (one shared pool makes every row of a step attend over all of them).
+        params.kv_unified = False
         params.n_threads = spec.n_threads
         params.n_threads_batch = spec.n_threads
         params.no_perf = True
         # What the KV bytes' layout depends on (cache_store keys saved KV by it).
-        self.kv_layout = {
+        self.kv_types = {
             "type_k": int(params.type_k),
             "type_v": int(params.type_v),
             "flash_attn": int(params.flash_attn_type),
         }
         ctx: llama_cpp.llama_context_p = llama_cpp.llama_init_from_model(self._model, params)
         if not ctx:
-            raise EngineFatalError("llama.cpp could not create a context")
+            raise EngineFatalError(
+                f"llama.cpp could not create a context with a KV cache of {kv}: lower --slots "
+                "or --ctx-per-slot"
+            )
         return ctx
 
     def decode(self) -> int:
@@ -238,34 +333,31 @@ class LlamaRuntime:
         """Drop every sequence's KV cells: a fresh start for a new scheduler."""
         llama_cpp.llama_memory_clear(self._memory, True)
 
-    def share(self, src: int, dst: int, start: int, end: int) -> None:
-        """Let ``dst`` see ``src``'s cells in ``[start, end)``: no copy in a unified cache;
-        with a stream per sequence, a copy of ``src``'s (made at the next decode) in place
-        of all ``dst`` had."""
-        if self.spec.unified:
-            llama_cpp.llama_memory_seq_cp(self._memory, src, dst, start, end)
-            return
-        # NOTE: llama.cpp copies between streams only whole, and aborts the process if asked
-        # for part of one: copy it all, then drop what is outside [start, end).
+    def share(self, src: int, dst: int, end: int) -> None:
+        """Give ``dst`` a copy of ``src``'s cells below position ``end``, in place of all it
+        had. NOTE: llama.cpp copies between streams only whole (the copy happens at the next
+        decode) and aborts the process if asked for part of one: copy it all, then drop the
+        rest."""
         llama_cpp.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
-        if start > 0:
-            self.forget(dst, 0, start)
         self.forget(dst, end)
 
-    def save_seq(self, seq_id: int) -> bytes:
-        """The KV of every cell ``seq_id`` sees, with their positions, as llama.cpp writes it
-        (``llama_state_seq_get_data``): what ``load_seq`` takes back."""
+    def save_seq(self, seq_id: int) -> npt.NDArray[np.uint8]:
+        """The KV of every cell ``seq_id`` holds, with their positions, as llama.cpp writes it
+        (``llama_state_seq_get_data``), valid until the next call: the buffer is reused,
+        since fresh pages cost more here than the copy itself."""
         size = int(llama_cpp.llama_state_seq_get_size(self.ctx, seq_id))
-        buf = (ctypes.c_uint8 * size)()
-        written = int(llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq_id))
-        return ctypes.string_at(buf, written)
+        if len(self._state) < size:
+            self._state = np.empty(size, np.uint8)
+        pointer = self._state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        written = int(llama_cpp.llama_state_seq_get_data(self.ctx, pointer, size, seq_id))
+        return self._state[:written]
 
-    def load_seq(self, seq_id: int, data: bytes) -> bool:
-        """Give ``seq_id`` (whose cells llama.cpp drops first) the cells ``save_seq`` wrote,
-        at their positions, in free cells; False if llama.cpp refused the data (it checks
-        the layer count, cell sizes and types, and that enough cells are free)."""
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        return int(llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id)) > 0
+    def load_seq(self, seq_id: int, state: npt.NDArray[np.uint8]) -> bool:
+        """Give ``seq_id`` (whose cells llama.cpp drops first) the cells of a saved state, at
+        their positions; False if llama.cpp refused it (it checks the layer count, cell sizes
+        and types, and that its stream has room)."""
+        pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        return int(llama_cpp.llama_state_seq_set_data(self.ctx, pointer, len(state), seq_id)) > 0
 
     def close(self) -> None:
         llama_cpp.llama_batch_free(self._batch)
@@ -276,6 +368,15 @@ class LlamaRuntime:
 def llama_cpp_version() -> str:
     """The llama-cpp-python release (and so the llama.cpp sources) this engine runs on."""
     return str(llama_cpp.__version__)
+
+
+def _available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """Bytes the kernel says can be had without swapping (``MemAvailable``), or None."""
+    try:
+        match = re.search(r"^MemAvailable:\s+(\d+) kB", meminfo.read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) * 1024 if match else None
 
 
 def _address(pointer: Any) -> int | None:

@@ -5,17 +5,15 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from tinyserve.engine.prefix_cache import NO_HIT, Hit
 from tinyserve.engine.stops import StopMatcher
 from tinyserve.engine.timeline import Timeline
 from tinyserve.protocol import Submit
 
 
 class Status(enum.Enum):
-    NEW = "new"  # being accepted: holds only the blocks in ``blocks``, not in the policy yet
-    BLOCKED = "blocked"  # accepted, waiting for KV blocks to free up: holds none, no policy
-    WAITING = "waiting"  # accepted, blocks reserved, no slot yet
-    PREFILL = "prefill"  # holds a slot, prompt not fully in the KV cache
+    NEW = "new"  # being accepted: not in the policy's queue yet
+    WAITING = "waiting"  # accepted, no slot yet
+    PREFILL = "prefill"  # holds a slot, prompt not fully in its cells
     DECODE = "decode"  # generating one token per tick
     FINISHED = "finished"
 
@@ -25,16 +23,13 @@ class Sequence:
     """Engine-side state of one request. Identity equality: each object is one request."""
 
     request: Submit
-    blocks: list[int]
-    order: int  # arrival order at the engine, the FIFO tie-breaker
-    status: Status = Status.WAITING
+    order: int = 0  # arrival order at the engine, the FIFO tie-breaker
+    status: Status = Status.NEW
     slot: int = -1
-    n_past: int = 0  # tokens of this sequence already in the KV cache
+    n_past: int = 0  # tokens of this sequence in its slot's cells
     last_token: int = -1
-    generated: int = 0
     output_ids: list[int] = field(default_factory=list)
-    hit: Hit = NO_HIT  # prefix-cache blocks reused: the first entries of ``blocks``
-    blocked_ns: int = 0  # when it began to wait for KV blocks (Status.BLOCKED)
+    cache_hint: int = 0  # prompt tokens the prefix cache held at acceptance (for SRPT)
     stops: StopMatcher = field(init=False)
     timeline: Timeline = field(init=False)
     policy_name: str = ""
@@ -54,6 +49,11 @@ class Sequence:
     @property
     def prompt_len(self) -> int:
         return len(self.request.prompt_ids)
+
+    @property
+    def generated(self) -> int:
+        """Tokens generated so far: the one count of them."""
+        return len(self.output_ids)
 
     def kv_tokens(self) -> list[int]:
         """The tokens whose KV this sequence's slot holds (the last sampled one never is)."""

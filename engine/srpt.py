@@ -1,9 +1,9 @@
 """Shortest remaining work first, with ageing so that long requests cannot starve.
 
-A request's work is the prompt tokens it still has to prefill (a prefix-cache hit is already
-done) plus ``max_tokens``: the most it can cost. Without preemption a request's remaining
-work changes only once it holds a slot, so among waiting requests "shortest remaining" is
-"smallest work".
+A request's work is the prompt tokens it still has to prefill (what the prefix cache held of
+its prompt at acceptance is not counted) plus ``max_tokens``: the most it can cost. Without
+preemption a request's remaining work changes only once it holds a slot, so among waiting
+requests "shortest remaining" is "smallest work".
 
 Ageing: each second of waiting forgives ``aging`` tokens of work. All waiting requests age at
 the same rate, so ``work - aging * waited`` orders them as ``arrival + work / aging`` does,
@@ -25,7 +25,7 @@ DEFAULT_AGING = 100.0  # tokens of work forgiven per second waited
 
 def work(seq: Sequence) -> int:
     """Tokens ``seq`` may still cost: its uncached prompt plus its whole output budget."""
-    return seq.prompt_len - seq.hit.n_tokens + seq.request.max_tokens
+    return seq.prompt_len - seq.cache_hint + seq.request.max_tokens
 
 
 class SrptPolicy(HeapPolicy):

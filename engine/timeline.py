@@ -19,11 +19,11 @@ from tinyserve.protocol import Submit
 from tinyserve.timeline_records import (
     Accepted,
     DecodeRun,
-    Finish,
+    Finished,
     GrammarWire,
-    HostRestoreWire,
     PrefillChunk,
     QueueWire,
+    RestoreWire,
     SharedPrefillWire,
     SlotGrant,
     TimelineWire,
@@ -44,11 +44,11 @@ class Timeline:
         "first_token_ns",
         "grammar",
         "grants_at_accept",
-        "host_restore",
         "policy",
         "prefix_recomputed",
         "prefix_tokens",
         "request",
+        "restore",
         "shared_prefill",
         "slot",
     )
@@ -65,31 +65,24 @@ class Timeline:
         self.chunks: list[PrefillChunk] = []
         self.decode_runs: list[DecodeRun] = []
         self.first_token_ns = 0
-        self.finish: Finish | None = None
+        self.finish: Finished | None = None
         self.grammar: GrammarWire | None = None  # set at the slot grant of a constrained one
-        self.host_restore: HostRestoreWire | None = None  # a hit partly from host memory
+        self.restore: RestoreWire | None = None  # the prefix cache wrote the reused tokens
         self._last_ns = 0
 
     # -- recording ---------------------------------------------------------------------------
 
-    def accept(
-        self,
-        tick: int,
-        now: int,
-        blocks: int,
-        grants: int,
-        running: int,
-        waiting: int,
-        kv_wait_ns: int = 0,
-    ) -> None:
-        self.accepted = Accepted(tick, now, blocks, running, waiting, kv_wait_ns)
+    def accept(self, tick: int, now: int, grants: int, running: int, waiting: int) -> None:
+        self.accepted = Accepted(tick, now, running, waiting)
         self.grants_at_accept = grants
         self._last_ns = now
 
-    def host_restored(self, tokens: int, ns: int) -> None:
-        """``tokens`` of its prefix-cache hit were written back from host memory in ``ns``."""
-        if tokens:
-            self.host_restore = {"tokens": tokens, "ms": ms(ns)}
+    def reused(self, tokens: int, tier: str, ns: int) -> None:
+        """At the grant, its slot held its prompt's first ``tokens``: kept there (``ns`` 0),
+        or written there from the prefix cache's ``tier`` in ``ns``."""
+        self.prefix_tokens = tokens
+        if tokens and ns:
+            self.restore = {"tier": tier, "tokens": tokens, "ms": ms(ns)}
 
     def grant(self, tick: int, now: int, slot: int, rule: str, grants: int) -> None:
         """A slot was granted; ``grants`` counts slot grants so far (this one not included)."""
@@ -120,7 +113,7 @@ class Timeline:
         self._last_ns = now
 
     def end(self, reason: str, detail: str, tick: int, now: int, generated: int) -> None:
-        self.finish = Finish(reason, detail, tick, now, generated)
+        self.finish = Finished(reason, detail, tick, now, generated)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -165,8 +158,8 @@ class Timeline:
         }
         if self.grammar is not None:
             wire["grammar"] = self.grammar
-        if self.host_restore is not None:
-            wire["host_restore"] = self.host_restore
+        if self.restore is not None:
+            wire["restore"] = self.restore
         return wire
 
     def _status(self) -> str:

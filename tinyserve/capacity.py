@@ -1,6 +1,11 @@
-"""The capacity rule, written once: the engine's acceptance (``engine/core.py``) and the
+"""The capacity rule, written once: the engine's acceptance (``engine/scheduler.py``) and the
 frontend's admission (``frontend/request/admission.py``) both decide with these functions, so
-the two cannot drift apart. Plain integers in, plain answers out."""
+the two cannot drift apart. Plain integers in, plain answers out.
+
+Each slot has KV cells of its own, so a request competes for a slot and nothing else: it
+fits if its prompt and its whole output fit one slot's cells, and it is turned away only
+when the queue of requests waiting for a slot is full.
+"""
 
 from __future__ import annotations
 
@@ -10,30 +15,18 @@ def blocks_needed(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-def fits_blocks(tokens: int, block_size: int, blocks_total: int) -> bool:
-    """Whether ``tokens`` tokens (a request's prompt plus all it may generate) fit in the KV
-    cache at all, i.e. in an empty engine."""
-    return blocks_needed(tokens, block_size) <= blocks_total
+def fits_context(prompt_tokens: int, max_tokens: int, n_ctx: int) -> bool:
+    """Whether a request can ever run: a prompt, and prompt + ``max_tokens`` within the
+    ``n_ctx`` cells of one slot."""
+    return prompt_tokens > 0 and prompt_tokens + max_tokens <= n_ctx
 
 
-def fits_context(
-    prompt_tokens: int, max_tokens: int, n_ctx: int, block_size: int, blocks_total: int
-) -> bool:
-    """Whether a request can ever run: a prompt, prompt + ``max_tokens`` within the context,
-    and its worst-case blocks within the KV cache."""
-    total = prompt_tokens + max_tokens
-    return prompt_tokens > 0 and total <= n_ctx and fits_blocks(total, block_size, blocks_total)
-
-
-def queued(waiting: int, free_slots: int, short_of_blocks: bool = False) -> int:
+def queued(waiting: int, free_slots: int) -> int:
     """Requests that would wait in the queue: those that a free slot takes at the engine's
-    next tick never do, unless the request is ``short_of_blocks`` (too few free and
-    evictable KV blocks for it now): then it waits for them whatever the slots."""
-    return max(waiting - (0 if short_of_blocks else free_slots), 0)
+    next tick never do."""
+    return max(waiting - free_slots, 0)
 
 
-def queue_full(
-    waiting: int, free_slots: int, max_queue: int, short_of_blocks: bool = False
-) -> bool:
+def queue_full(waiting: int, free_slots: int, max_queue: int) -> bool:
     """Whether one more request would find ``max_queue`` requests already queued."""
-    return queued(waiting, free_slots, short_of_blocks) >= max_queue
+    return queued(waiting, free_slots) >= max_queue

@@ -29,9 +29,10 @@ SERVE = "serve"
 # context with a larger n_seq_max is not created. Kept here so that config, which every
 # process imports, does not import llama_cpp; a test checks it against the library.
 LLAMA_MAX_SEQ = 256
-# llama.cpp pads each stream's cells to a multiple of this when streams are not unified
-# (src/llama-context.cpp: ``n_ctx_seq = GGML_PAD(n_ctx / n_seq_max, 256)``).
-KV_STREAM_PAD = 256
+# A slot's KV cells when --ctx-per-slot is 0 and the model was trained on more: KV memory is
+# allocated for every slot whether it is used or not (llama-server's -c default is the model's
+# training context; 4096 x 8 slots of the default model is ~720 MiB).
+DEFAULT_CTX_PER_SLOT = 4096
 
 
 def _bool(text: str | bool) -> bool:
@@ -103,6 +104,27 @@ def _api_key(text: str) -> str:
     return key
 
 
+GPU_LAYERS_ALL = -1  # --gpu-layers all: every layer (llama.cpp's -ngl beyond the model's count)
+
+
+def _gpu_layers(text: str | int) -> int:
+    word = str(text).strip().lower()
+    if word in ("all", str(GPU_LAYERS_ALL)):  # -1: how a child process is handed "all"
+        return GPU_LAYERS_ALL
+    return int(_non_negative(int)(word))
+
+
+def _tensor_split(text: str) -> str:
+    """Validate ``3,1`` (a share of the model per GPU) and return it normalised."""
+    try:
+        shares = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        shares = [math.nan]
+    if not all(math.isfinite(x) and x >= 0 for x in shares) or (shares and not sum(shares)):
+        raise argparse.ArgumentTypeError(f"expected shares per GPU such as 3,1, got {text!r}")
+    return ",".join(f"{x:g}" for x in shares)
+
+
 def _weights(text: str) -> str:
     """Validate ``name=w,...`` and return it normalised (it is passed on to child processes)."""
     return ",".join(f"{name}={w:g}" for name, w in _weight_map(text).items())
@@ -149,14 +171,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("trace_exporter", str, "none", "span exporter", _ALL, ("none", "console", "otlp")),
     # engine
     Option("slots", _pint, 8, "concurrent sequences decoded together", _ENG),
-    Option("ctx", _pint, 4096, "context size in tokens (KV cells of all sequences)", _ENG),
     Option(
-        "kv_layout",
-        str,
-        "unified",
-        "KV cells: one pool every sequence shares, or ctx/slots per slot (as llama-server)",
+        "ctx_per_slot",
+        _nnint,
+        0,
+        "KV cells of each slot: the longest request (0: the model's training context, "
+        f"at most {DEFAULT_CTX_PER_SLOT})",
         _ENG,
-        ("unified", "slots"),
     ),
     Option("chunk", _pint, 128, "largest prefill chunk of one request per tick", _ENG),
     Option("max_batch_tokens", _pint, 256, "token budget of one decode call", _ENG),
@@ -170,6 +191,24 @@ OPTIONS: tuple[Option, ...] = (
         _ENG,
         ("auto", "on", "off"),
     ),
+    Option(
+        "gpu_layers",
+        _gpu_layers,
+        0,
+        "model layers offloaded to the GPU: a number or all (a llama-cpp-python built with a "
+        "GPU backend; the KV cache of offloaded layers goes with them)",
+        _ENG,
+    ),
+    Option("main_gpu", _nnint, 0, "the GPU for the whole model with --split-mode none", _ENG),
+    Option(
+        "split_mode",
+        str,
+        "layer",
+        "how a model spreads over several GPUs",
+        _ENG,
+        ("none", "layer", "row"),
+    ),
+    Option("tensor_split", _tensor_split, "", "share of the model per GPU, e.g. 3,1", _ENG),
     Option("max_queue", _pint, 64, "waiting requests across the node before queue_full", _ALL),
     Option(
         "policy",
@@ -181,18 +220,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("tenant_weights", _weights, "", "WFQ weights: name=w,... (others weigh 1)", _ENG),
     Option("srpt_aging", _nnfloat, 100.0, "SRPT: tokens of work forgiven per second waited", _ENG),
-    Option("prefix_cache", _bool, True, "keep finished prompts' KV blocks for reuse", _ENG),
+    Option("prefix_cache", _bool, True, "reuse the KV of prompts that start alike", _ENG),
     Option(
-        "cache_seqs", _nnint, 16, "spare llama.cpp sequence ids that hold cached prefixes", _ENG
-    ),
-    Option(
-        "host_cache_mb", _nnint, 256, "host-memory tier for evicted prefix blocks (0: off)", _ENG
-    ),
-    Option(
-        "cache_cells",
+        "host_cache_mb",
         _nnint,
-        128,
-        "most KV cells cached prefixes idle in; the rest go to the host tier (0: no bound)",
+        2048,
+        "host memory for the shared prefix cache (0: off, each slot keeps its own last prefix)",
         _ENG,
     ),
     Option("cache_dir", str, None, "directory the prefix cache is kept in across restarts", _ENG),
@@ -238,13 +271,16 @@ class Config:
     log_level: str
     log_format: str
     slots: int
-    ctx: int
-    kv_layout: str
+    ctx_per_slot: int
     chunk: int
     max_batch_tokens: int
     block_size: int
     threads: int
     repack: str
+    gpu_layers: int
+    main_gpu: int
+    split_mode: str
+    tensor_split: str
     max_queue: int
     queue_timeout: float
     request_timeout: float
@@ -263,9 +299,7 @@ class Config:
     watchdog_sec: float
     policy: str
     prefix_cache: bool
-    cache_seqs: int
     host_cache_mb: int
-    cache_cells: int
     cache_dir: str | None
     cache_dir_mb: int
     tenant_weights: str
@@ -304,22 +338,9 @@ class Config:
 
     @property
     def shared_cache(self) -> bool:
-        """Whether finished prefixes go to the shared prefix cache (``engine/prefix_cache.py``);
-        with ``--kv-layout slots`` a slot keeps its own instead (``engine/resident.py``)."""
-        return self.prefix_cache and self.kv_layout == "unified"
-
-    @property
-    def host_cache(self) -> bool:
-        """Whether evicted prefix blocks move to host memory (``engine/host_cache.py``)."""
-        return self.shared_cache and self.host_cache_mb > 0
-
-    @property
-    def n_seq_max(self) -> int:
-        """llama.cpp sequence ids: one per slot, plus the prefix cache's spare ones, plus one
-        scratch id through which the host tier copies a block's cells out and back."""
-        if not self.shared_cache:
-            return self.slots
-        return self.slots + self.cache_seqs + (1 if self.host_cache else 0)
+        """Whether finished prefixes go to the prefix cache in host memory
+        (``engine/host_cache.py``); without it a free slot still keeps its last request's."""
+        return self.prefix_cache and self.host_cache_mb > 0
 
     @property
     def engine_threads(self) -> int:
@@ -431,26 +452,15 @@ def conflict(config: Config, role: str | None = None) -> str:
             f"--slots {c.slots} is more than --max-batch-tokens {c.max_batch_tokens}: every "
             "running sequence needs one row in each batch"
         )
-    if c.block_size > c.ctx:
-        return f"--block-size {c.block_size} is more than --ctx {c.ctx}: no KV block would fit"
-    if c.kv_layout == "slots" and c.ctx % (KV_STREAM_PAD * c.slots):
+    if c.ctx_per_slot and c.block_size > c.ctx_per_slot:
         return (
-            f"--kv-layout slots: --ctx {c.ctx} is not a multiple of {KV_STREAM_PAD} x --slots "
-            f"{c.slots} (llama.cpp rounds each slot's cells up to a multiple of {KV_STREAM_PAD})"
+            f"--block-size {c.block_size} is more than --ctx-per-slot {c.ctx_per_slot}: no KV "
+            "block would fit"
         )
-    if c.n_seq_max > LLAMA_MAX_SEQ:
-        if not c.shared_cache:
-            return f"--slots {c.slots} is more than llama.cpp's {LLAMA_MAX_SEQ} sequence ids"
-        scratch = " + 1 for --host-cache-mb" if c.host_cache else ""
-        return (
-            f"--slots {c.slots} + --cache-seqs {c.cache_seqs}{scratch} is more than llama.cpp's "
-            f"{LLAMA_MAX_SEQ} sequence ids (--no-prefix-cache needs no --cache-seqs)"
-        )
-    if c.cache_dir and not c.host_cache:
-        return (
-            "--cache-dir needs the host tier (--prefix-cache, --kv-layout unified and "
-            "--host-cache-mb above 0)"
-        )
+    if c.slots > LLAMA_MAX_SEQ:
+        return f"--slots {c.slots} is more than llama.cpp's {LLAMA_MAX_SEQ} sequence ids"
+    if c.cache_dir and not c.shared_cache:
+        return "--cache-dir needs the prefix cache (--prefix-cache and --host-cache-mb above 0)"
     return ""
 
 

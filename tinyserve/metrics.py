@@ -107,14 +107,13 @@ SPECS: tuple[Spec, ...] = (
            _ENGINE_GAUGE),
     _gauge("tinyserve_requests_running", "Requests holding a slot", ENGINE, _ENGINE_GAUGE),
     _gauge("tinyserve_slots", "Slots (sequences decoded together)", ENGINE, _ENGINE_GAUGE),
-    _gauge("tinyserve_kv_blocks_capacity", "KV blocks in all", ENGINE, _ENGINE_GAUGE),
-    _gauge("tinyserve_kv_blocks_used", "KV blocks reserved by requests", ENGINE, _ENGINE_GAUGE),
-    _gauge("tinyserve_kv_blocks_cached", "Unreferenced KV blocks the prefix cache holds "
-           "(evictable)", ENGINE, _ENGINE_GAUGE),
+    _gauge("tinyserve_kv_blocks_capacity", "KV blocks of every slot's cells", ENGINE,
+           _ENGINE_GAUGE),
+    _gauge("tinyserve_kv_blocks_used", "KV blocks running requests fill", ENGINE,
+           _ENGINE_GAUGE),
+    _gauge("tinyserve_kv_blocks_cached", "KV blocks free slots keep of their last request",
+           ENGINE, _ENGINE_GAUGE),
     _histogram("tinyserve_queue_wait_seconds", "Engine acceptance to slot granted",
-               ENGINE, SECONDS),
-    _histogram("tinyserve_kv_wait_seconds", "Engine receipt to acceptance: the wait for KV "
-               "blocks before the queue (0 when they were free), per request granted a slot",
                ENGINE, SECONDS),
     _counter("tinyserve_scheduler_decisions_total", "Slots granted, by policy and the policy's "
              "rule", ENGINE, "policy", "rule"),
@@ -129,26 +128,24 @@ SPECS: tuple[Spec, ...] = (
     _histogram("tinyserve_decode_step_seconds", "Duration of one llama_decode call", ENGINE,
                SECONDS),
     # -- engine: prefix cache
-    _counter("tinyserve_prefix_cache_lookups_total", "Prefix-cache lookups (one per accepted "
-             "request)", ENGINE),
-    _counter("tinyserve_prefix_cache_lookup_tokens_total", "Prompt tokens looked up (full "
-             "blocks before the last token)", ENGINE),
-    _counter("tinyserve_prefix_cache_hit_tokens_total", "Prompt tokens found in the cache",
-             ENGINE),
-    _counter("tinyserve_prefix_cache_misses_total", "Lookups that found less than all "
-             "blocks, by reason", ENGINE, "reason"),
-    _counter("tinyserve_prefix_cache_evicted_blocks_total", "Cached blocks evicted", ENGINE),
-    _counter("tinyserve_prefix_cache_host_saved_blocks_total", "Evicted blocks whose KV was "
-             "copied to the host-memory tier", ENGINE),
-    _counter("tinyserve_prefix_cache_host_hit_tokens_total", "Hit tokens restored from the "
-             "host-memory tier into KV cells (part of hit_tokens)", ENGINE),
-    _counter("tinyserve_prefix_cache_host_restore_seconds_total", "Time spent restoring hits "
-             "from the host-memory tier", ENGINE),
-    _counter("tinyserve_prefix_cache_partial_tokens_total", "Prompt tokens reused from the "
-             "start of a cached block after a request's whole-block hit (not in hit_tokens)",
-             ENGINE),
-    _gauge("tinyserve_prefix_cache_host_bytes", "Bytes the host-memory tier holds (bounded by "
-           "--host-cache-mb)", ENGINE, _ENGINE_GAUGE),
+    _counter("tinyserve_prefix_cache_lookups_total", "Slot grants that looked for a prompt's "
+             "start in a slot's kept cells and the prefix cache", ENGINE),
+    _counter("tinyserve_prefix_cache_lookup_tokens_total", "Prompt tokens looked up (all "
+             "but the last, whose logits are needed)", ENGINE),
+    _counter("tinyserve_prefix_cache_hit_tokens_total", "Prompt tokens reused, by where they "
+             "were: a slot's kept cells, host memory, blocks read from disk", ENGINE, "tier"),
+    _counter("tinyserve_prefix_cache_misses_total", "Slot grants that reused nothing, by "
+             "reason", ENGINE, "reason"),
+    _counter("tinyserve_prefix_cache_restore_seconds_total", "Time spent writing cached "
+             "blocks into slots", ENGINE),
+    _counter("tinyserve_prefix_cache_stored_blocks_total", "Blocks of finished requests put "
+             "in the prefix cache", ENGINE),
+    _counter("tinyserve_prefix_cache_store_seconds_total", "Time spent copying finished "
+             "requests' blocks into the prefix cache", ENGINE),
+    _counter("tinyserve_prefix_cache_evicted_blocks_total", "Blocks the prefix cache let go "
+             "to make room", ENGINE),
+    _gauge("tinyserve_prefix_cache_bytes", "Bytes of KV the prefix cache holds in host "
+           "memory (at most --host-cache-mb)", ENGINE, _ENGINE_GAUGE),
 )  # fmt: skip
 
 

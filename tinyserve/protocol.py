@@ -39,7 +39,6 @@ FINISH_DEADLINE_MISSED = "deadline_missed"  # unfinished when its deadline_ms pa
 
 # Why the engine turned a request away (FINISH_REJECTED); the frontend answers 503 or 400.
 REJECT_QUEUE_FULL = "queue_full"
-REJECT_KV_CACHE_FULL = "kv_cache_full"
 REJECT_DRAINING = "draining"
 REJECT_TOO_LONG = "context_exceeded"  # can never fit, even in an empty engine: a 400
 
@@ -307,6 +306,30 @@ class RequestUpdate(Message):
     # When Submit.prompt_logprobs >= 0: entries (as ``logprobs``) for the prompt tokens whose
     # logits this tick computed, in prompt order from the second token on.
     prompt_logprobs: list[list[Any]] = field(default_factory=list)
+
+    @property
+    def ended(self) -> bool:
+        return self.finish_reason is not None
+
+    def merge(self, later: RequestUpdate) -> RequestUpdate:
+        """This update and ``later`` (of the same request) as one: the output of both in
+        order, ``accepted`` if either was, and the end from whichever has it (``later``'s
+        first). Keeps this one's ``seq``: merging happens on one side of the wire only."""
+        end = later if later.ended else self
+        return RequestUpdate(
+            self.request_id,
+            self.seq,
+            self.token_ids + later.token_ids,
+            self.text + later.text,
+            self.accepted or later.accepted,
+            end.finish_reason,
+            end.detail,
+            end.prompt_tokens,
+            end.cached_tokens,
+            end.timeline,
+            self.logprobs + later.logprobs,
+            self.prompt_logprobs + later.prompt_logprobs,
+        )
 
 
 @dataclass(frozen=True, slots=True)

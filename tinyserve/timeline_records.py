@@ -26,10 +26,8 @@ def ms(ns: int) -> float:
 class AcceptedWire(TypedDict):
     tick: int
     ms: float
-    blocks: int
     running: int
     waiting: int
-    kv_wait_ms: NotRequired[float]  # only when it waited for KV blocks before this
 
 
 class QueueWire(TypedDict, total=False):
@@ -84,10 +82,11 @@ class SharedPrefillWire(TypedDict):
     tokens: int  # prompt tokens copied (llama_memory_seq_cp), not prefilled by this one
 
 
-class HostRestoreWire(TypedDict):
-    """Prompt tokens of a prefix-cache hit that were in the host-memory tier, not in KV
-    cells, and were written back into cells at acceptance (part of prefix_reused_tokens)."""
+class RestoreWire(TypedDict):
+    """Prompt tokens the prefix cache wrote into the request's slot at its grant (they are
+    its prefix_reused_tokens): from host memory, or from blocks read from disk at start."""
 
+    tier: str  # host, disk
     tokens: int
     ms: float
 
@@ -114,7 +113,7 @@ class TimelineWire(TypedDict):
     # were prefilled again because the request wanted their logprobs.
     shared_prefill: NotRequired[SharedPrefillWire]
     prefix_recomputed_tokens: NotRequired[int]
-    host_restore: NotRequired[HostRestoreWire]  # only when the host tier served part of a hit
+    restore: NotRequired[RestoreWire]  # only when the prefix cache wrote the reused tokens
 
 
 def read_wire(timeline: Mapping[str, Any]) -> TimelineWire:
@@ -132,27 +131,20 @@ def slot_ms(timeline: Mapping[str, Any] | None) -> float | None:
 
 
 class Accepted(NamedTuple):
-    """The engine took the request: own blocks reserved, requests running and waiting then,
-    and how long it waited for those blocks first (0: they were there)."""
+    """The engine took the request into its queue; the requests running and waiting then."""
 
     tick: int
     ns: int
-    blocks: int
     running: int
     waiting: int
-    kv_wait_ns: int = 0
 
     def wire(self, arrival_ns: int) -> AcceptedWire:
-        wire: AcceptedWire = {
+        return {
             "tick": self.tick,
             "ms": ms(self.ns - arrival_ns),
-            "blocks": self.blocks,
             "running": self.running,
             "waiting": self.waiting,
         }
-        if self.kv_wait_ns:
-            wire["kv_wait_ms"] = ms(self.kv_wait_ns)
-        return wire
 
 
 class SlotGrant(NamedTuple):
@@ -212,7 +204,7 @@ class DecodeRun(NamedTuple):
         return [self.first_tick, self.ticks, self.batch, ms(self.ns)]
 
 
-class Finish(NamedTuple):
+class Finished(NamedTuple):
     """How the request ended, and the tokens it generated."""
 
     reason: str

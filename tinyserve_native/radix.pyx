@@ -1,13 +1,13 @@
-"""Block-aligned token radix tree: cached prefixes, their KV blocks and llama.cpp sequences.
+"""Block-aligned token radix tree: cached prefixes and the ids their blocks' KV is kept under.
 
-A node is one full block of ``block_size`` token ids under its parent. It names the
-kv_blocks id accounting for that block and the llama.cpp sequence whose cells hold it.
+A node is one full block of ``block_size`` token ids under its parent, naming the id the
+caller keeps that block's KV under (``engine/host_cache.py``: a row of its host arena).
 """
 
 from heapq import heapify, heappop, heappush
 from typing import NamedTuple
 
-Match = NamedTuple("Match", [("n_tokens", int), ("block_ids", list), ("seq_id", int)])
+Match = NamedTuple("Match", [("n_tokens", int), ("block_ids", list)])
 Match.__doc__ = "The longest cached full-block prefix of a token list."
 # NOTE: the functional form guesses the module from the caller's frame, which a compiled
 # module lacks; set it so the tuples pickle.
@@ -18,16 +18,14 @@ cdef class _Node:
     def __cinit__(self):
         self.children = {}
         self.block_id = -1
-        self.seq_id = -1
         self.depth = -1
 
 
-cdef _Node _new_node(_Node parent, tuple key, long long block_id, long long seq_id):
+cdef _Node _new_node(_Node parent, tuple key, long long block_id):
     cdef _Node node = _Node()
     node.parent = parent
     node.key = key
     node.block_id = block_id
-    node.seq_id = seq_id
     node.depth = parent.depth + 1
     parent.children[key] = node
     return node
@@ -42,8 +40,6 @@ cdef class RadixTree:
         self._block_size = block_size
         self._root = _Node()
         self._by_block = {}
-        self._seq_tip = {}
-        self._seq_count = {}
         self._clock = 0
         self._leaf_heap = []
 
@@ -62,71 +58,81 @@ cdef class RadixTree:
         """Longest cached full-block prefix of ``tokens``; marks its path recently used."""
         cdef list path = self._walk(self._root, tokens)
         if not path:
-            return Match(0, [], -1)
-        cdef _Node deepest = path[len(path) - 1]
-        self._touch(deepest)
-        return Match(
-            len(path) * self._block_size, [(<_Node>n).block_id for n in path], deepest.seq_id
-        )
+            return Match(0, [])
+        self._touch(<_Node>path[len(path) - 1])
+        return Match(len(path) * self._block_size, [(<_Node>n).block_id for n in path])
 
     def partial(self, long long parent_block, list tokens not None) -> tuple:
         """The most of ``tokens`` (fewer than a block) that a block cached directly below
-        ``parent_block`` (-1: the root) starts with, and the sequence holding it."""
+        ``parent_block`` (-1: the root) starts with, and that block's id."""
         cdef _Node parent = self._root if parent_block == -1 else self._by_block[parent_block]
         cdef Py_ssize_t limit = min(len(tokens), self._block_size - 1)
         cdef Py_ssize_t best = 0, k
-        cdef long long owner = -1
+        cdef long long found = -1
         cdef unsigned long long best_used = 0
         cdef _Node child
         for value in parent.children.values():
             child = <_Node>value
             k = 0
-            while k < limit and child.key[k] == tokens[k]:
+            while k < limit and k < len(child.key) and child.key[k] == tokens[k]:
                 k += 1
             if k > best or (k == best and k > 0 and child.last_used > best_used):
-                best, owner, best_used = k, child.seq_id, child.last_used
-        return best, owner
+                best, found, best_used = k, child.block_id, child.last_used
+        return best, found
 
-    def insert(self, list tokens not None, list block_ids not None, long long seq_id) -> list:
-        """Cache ``tokens`` (whole blocks) held by ``seq_id``; returns the tree's block ids."""
-        return self._insert_below(self._root, tokens, block_ids, seq_id)
+    def insert(self, list tokens not None, list block_ids not None) -> list:
+        """Cache ``tokens`` (whole blocks); returns the tree's block ids for the path."""
+        return self._insert_below(self._root, tokens, block_ids)
 
-    def extend(
-        self, long long parent_block, list tokens not None, list block_ids not None,
-        long long seq_id,
-    ) -> list:
+    def extend(self, long long parent_block, list tokens not None, list block_ids not None) -> list:
         """``insert`` of the blocks that follow the node of ``parent_block`` (-1: the root),
         without walking down to it; returns the tree's block ids for those blocks."""
-        cdef _Node start = self._root if parent_block == -1 else self._by_block[parent_block]
-        return self._insert_below(start, tokens, block_ids, seq_id)
+        cdef _Node start = self._below(parent_block)
+        return self._insert_below(start, tokens, block_ids)
 
-    cdef list _insert_below(self, _Node start, list tokens, list block_ids, long long seq_id):
+    cdef _Node _below(self, long long parent_block):
+        """The node to hang blocks from; a tail has nothing below it."""
+        if parent_block == -1:
+            return self._root
+        cdef _Node parent = self._by_block[parent_block]
+        if len(parent.key) < self._block_size:
+            raise ValueError(f"block {parent_block} is a tail: nothing hangs from it")
+        return parent
+
+    def add_tail(self, long long parent_block, list tokens not None, long long block_id) -> int:
+        """Cache a partial block (1 to block_size - 1 tokens) below the node of
+        ``parent_block`` (-1: the root), as a leaf; returns the tree's id for it."""
+        cdef _Node parent = self._below(parent_block)
+        if not 0 < len(tokens) < self._block_size:
+            raise ValueError(f"a tail of {len(tokens)} tokens: 1 to {self._block_size - 1}")
+        cdef tuple key = tuple(tokens)
+        existing = parent.children.get(key)
+        if existing is None:
+            self._check_insertable([block_id])
+            existing = _new_node(parent, key, block_id)
+            self._by_block[block_id] = existing
+        self._touch(<_Node>existing)
+        return (<_Node>existing).block_id
+
+    cdef list _insert_below(self, _Node start, list tokens, list block_ids):
         cdef Py_ssize_t bs = self._block_size
         cdef Py_ssize_t n_blocks = len(tokens) // bs
         if len(tokens) % bs:
             raise ValueError(f"{len(tokens)} tokens is not a whole number of {bs}-token blocks")
         if len(block_ids) != n_blocks:
             raise ValueError(f"{n_blocks} blocks of tokens but {len(block_ids)} block ids")
-        if seq_id < 0:
-            raise ValueError(f"seq_id must be >= 0, got {seq_id}")
         cdef list path = self._walk(start, tokens)
-        cdef list new_ids = block_ids[len(path):]
+        self._check_insertable(block_ids[len(path):])
         cdef _Node node = path[len(path) - 1] if path else start
-        self._check_insertable(node, new_ids, seq_id)
         cdef Py_ssize_t i
         for i in range(len(path), n_blocks):
-            node = _new_node(node, tuple(tokens[i * bs:(i + 1) * bs]), block_ids[i], seq_id)
+            node = _new_node(node, tuple(tokens[i * bs:(i + 1) * bs]), block_ids[i])
             self._by_block[node.block_id] = node
             path.append(node)
-        if new_ids:
-            self._seq_tip[seq_id] = node
-            self._seq_count[seq_id] = self._seq_count.get(seq_id, 0) + len(new_ids)
         self._touch(node)
         return [(<_Node>n).block_id for n in path]
 
-    cdef int _check_insertable(self, _Node deepest, list new_ids, long long seq_id) except -1:
-        if not new_ids:
-            return 0
+    cdef int _check_insertable(self, list new_ids) except -1:
         cdef long long checked
         for block_id in new_ids:
             checked = block_id  # TypeError/OverflowError now, not halfway through the insert
@@ -135,46 +141,28 @@ cdef class RadixTree:
         clashes = [b for b in new_ids if b in self._by_block]
         if clashes:
             raise ValueError(f"block ids {clashes} are already in the tree")
-        tip = self._seq_tip.get(seq_id)
-        # NOTE: a sequence holds one token path. If seq_id already owns nodes off this path,
-        # its cells cannot hold both: the caller reused a sequence the tree still relies on.
-        if tip is not None and not _is_on_path(<_Node>tip, deepest):
-            raise ValueError(f"sequence {seq_id} already holds a different cached prefix")
         return 0
 
-    def remove_leaf(self, long long block_id) -> tuple:
-        """Drop a leaf; returns ``(seq_id, start_pos, end_pos)`` of the cells to free."""
+    def remove_leaf(self, long long block_id) -> None:
+        """Drop the leaf holding ``block_id``."""
         cdef _Node node = self._by_block[block_id]
         if node.children:
             raise ValueError(f"block {block_id} has {len(node.children)} children: not a leaf")
-        cdef long long seq = node.seq_id
-        # NOTE: a leaf is always its sequence's tip: a sequence owns nodes on one root path
-        # only (insert enforces it), and a leaf has nothing below it.
-        assert self._seq_tip[seq] is node
         cdef _Node parent = node.parent
         del parent.children[node.key]
         del self._by_block[block_id]
         if parent is not self._root and not parent.children:
             self._push_leaf(parent)  # its last child went: it is a leaf now
-        cdef _Node tip = self._owned_ancestor(node)
-        cdef Py_ssize_t start = 0
-        if tip is None:
-            del self._seq_tip[seq]
-            del self._seq_count[seq]
-        else:
-            self._seq_tip[seq] = tip
-            self._seq_count[seq] -= 1
-            start = (tip.depth + 1) * self._block_size
         node.parent = None
-        return seq, start, (node.depth + 1) * self._block_size
 
     def is_leaf(self, long long block_id) -> bool:
         """Whether the node for ``block_id`` has no children (``KeyError`` if absent)."""
         return not (<_Node>self._by_block[block_id]).children
 
-    def owner(self, long long block_id) -> int:
-        """The sequence whose cells hold the node's block (``KeyError`` if absent)."""
-        return (<_Node>self._by_block[block_id]).seq_id
+    def depth(self, long long block_id) -> int:
+        """Blocks above the node's (``KeyError`` if absent): its tokens start at
+        ``depth * block_size``."""
+        return (<_Node>self._by_block[block_id]).depth
 
     def path_tokens(self, long long block_id) -> list:
         """The tokens from the root through the node's block (``KeyError`` if absent)."""
@@ -204,10 +192,6 @@ cdef class RadixTree:
             for entry in pinned:
                 heappush(heap, entry)
         return found
-
-    def seqs_in_use(self) -> set:
-        """Sequences that still own at least one node."""
-        return set(self._seq_count)
 
     def __repr__(self) -> str:
         return f"RadixTree(block_size={self._block_size}, n_nodes={len(self._by_block)})"
@@ -255,19 +239,3 @@ cdef class RadixTree:
             node is not None and not (<_Node>node).children
             and (<_Node>node).last_used == entry[0]
         )
-
-    cdef _Node _owned_ancestor(self, _Node node):
-        cdef long long seq = node.seq_id
-        cdef _Node up = node.parent
-        while up is not None and up.seq_id != seq:
-            up = up.parent
-        # The root's seq_id is -1, which no sequence has, so the walk ends above it: none.
-        return up
-
-
-cdef bint _is_on_path(_Node tip, _Node deepest):
-    """Whether ``tip`` is ``deepest`` or one of its ancestors."""
-    cdef _Node node = deepest
-    while node.depth > tip.depth:
-        node = node.parent
-    return node is tip

@@ -64,13 +64,11 @@ def engine_view(board: Board) -> EngineView:
 def load_of(board: Board) -> Load:
     """The node's load for admission: engine figures plus every frontend's pending requests."""
     snap = board.snapshot()
-    pending_blocks, pending_requests = board.pending_totals()
+    _, pending_requests = board.pending_totals()
     return Load(
-        blocks_used=snap.blocks_used,
         waiting=snap.waiting,
         running=snap.running,
         drain_rate=snap.drain_rate,
-        pending_blocks=pending_blocks,
         pending_requests=pending_requests,
         draining=snap.state == protocol.STATE_DRAINING,
     )

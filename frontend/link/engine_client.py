@@ -80,9 +80,9 @@ class EngineClient:
         except zmq.Again as exc:
             raise EngineUnreachable("engine is not connected") from exc
 
-    def submit(self, submit: protocol.Submit, blocks: int) -> RequestStream:
+    def submit(self, submit: protocol.Submit) -> RequestStream:
         """Register the request's stream, then send it; its updates may arrive at once."""
-        stream = RequestStream(submit.request_id, blocks)
+        stream = RequestStream(submit.request_id)
         self._streams[submit.request_id] = stream
         try:
             self.send(submit)
@@ -127,10 +127,9 @@ class EngineClient:
 
     # -- state ---------------------------------------------------------------------------------
 
-    def pending(self) -> tuple[int, int]:
-        """(worst-case blocks, requests) sent but not yet accepted or finished by the engine."""
-        waiting = [s for s in self._streams.values() if s.pending]
-        return sum(s.blocks for s in waiting), len(waiting)
+    def pending(self) -> int:
+        """Requests sent but not yet accepted or finished by the engine."""
+        return sum(1 for s in self._streams.values() if s.pending)
 
     @property
     def in_flight(self) -> int:

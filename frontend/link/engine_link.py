@@ -57,7 +57,7 @@ class EngineLink:
         ack = self.ack
         if ack is None or not self.serving.is_set():
             return None
-        return Limits(ack.block_size, ack.blocks_total, ack.max_queue, ack.n_ctx, ack.slots)
+        return Limits(ack.max_queue, ack.n_ctx, ack.slots)
 
     def load(self) -> Load | None:
         """The node's current load from the board, None while not serving or unreadable."""
@@ -75,9 +75,10 @@ class EngineLink:
         so other frontends' admission sees a request we just sent without waiting a tick."""
         if self._board is None or self._slot is None:
             return
-        blocks, requests = self._client.pending()
+        requests = self._client.pending()
         try:
-            self._board.update_slot(self._slot, time.monotonic_ns(), blocks, requests)
+            # The slot's pending_blocks is not read since each slot has cells of its own.
+            self._board.update_slot(self._slot, time.monotonic_ns(), 0, requests)
         except BoardError as exc:
             log.warning("board slot not writable", extra=fields(error=str(exc), slot=self._slot))
 

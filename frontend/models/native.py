@@ -89,12 +89,12 @@ class RequestTimeline(BaseModel):
     first_token_ms: float | None = None
     decode: dict[str, Any] | None = None
     finish: dict[str, Any] | None = None
-    # Only in some timelines (a constrained request, a fork, prompt logprobs, a hit partly
-    # from the prefix cache's host tier): left out when absent, as in the final event's copy.
+    # Only in some timelines (a constrained request, a fork, prompt logprobs, a prefix the
+    # cache wrote into the slot): left out when absent, as in the final event's copy.
     grammar: dict[str, Any] | None = Field(None, exclude_if=is_none)
     shared_prefill: dict[str, Any] | None = Field(None, exclude_if=is_none)
     prefix_recomputed_tokens: int | None = Field(None, exclude_if=is_none)
-    host_restore: dict[str, Any] | None = Field(None, exclude_if=is_none)
+    restore: dict[str, Any] | None = Field(None, exclude_if=is_none)
 
 
 NativeFinishReason = Literal[

@@ -1,5 +1,6 @@
 """Admission: turn a request away before it reaches the engine when it can never be served
-(a 400: over ``--max-prompt-tokens``, the context or the whole KV cache) or not soon (a 503).
+(a 400: over ``--max-prompt-tokens`` or a slot's context) or not soon (a 503: the queue of
+requests waiting for a slot is full).
 
 Transport-free: the figures come in as plain values (read from the board and the handshake by
 the caller) and a ``Rejection`` or ``None`` comes out. The engine re-checks on receipt and is
@@ -30,10 +31,8 @@ PROMPT_TOO_LONG = "prompt_too_long"  # over --max-prompt-tokens, however large t
 class Limits:
     """Fixed facts of one engine incarnation, from its ``HelloAck``."""
 
-    block_size: int
-    blocks_total: int
     max_queue: int
-    n_ctx: int
+    n_ctx: int  # one slot's cells: the most a request may fill
     slots: int = 0
 
 
@@ -42,17 +41,15 @@ class Load:
     """The node's load right now: the engine's board figures plus every frontend's pending
     requests (sent to the engine, not yet accepted or finished)."""
 
-    blocks_used: int
     waiting: int
     running: int
     drain_rate: float  # requests leaving the engine per second of work (engine/drain.py)
-    pending_blocks: int = 0
     pending_requests: int = 0
     draining: bool = False
 
 
 # Stand-in when the board cannot be read: nothing known to be queued, no drain rate.
-IDLE_LOAD = Load(blocks_used=0, waiting=0, running=0, drain_rate=0.0)
+IDLE_LOAD = Load(waiting=0, running=0, drain_rate=0.0)
 
 
 @dataclass(frozen=True)
@@ -90,25 +87,13 @@ def admit(
         return never
     if load.draining:
         return _draining(load)
-    # A request waits in the engine's queue unless a free slot takes it at the next tick, and
-    # one that finds too few free KV blocks waits for them whatever the slots: either way,
+    # A request waits in the engine's queue unless a free slot takes it at the next tick:
     # the queue's bound is what turns it away.
-    need = capacity.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
-    free = limits.blocks_total - load.blocks_used - load.pending_blocks
-    short = need > free
     free_slots = max(limits.slots - load.running, 0)
     waiting = load.waiting + load.pending_requests
-    if not capacity.queue_full(waiting, free_slots, limits.max_queue, short):
+    if not capacity.queue_full(waiting, free_slots, limits.max_queue):
         return None
-    queued = capacity.queued(waiting, free_slots, short)
-    if short:
-        return Rejection(
-            503,
-            protocol.REJECT_KV_CACHE_FULL,
-            f"request needs {need} KV blocks; {max(free, 0)} are free and "
-            f"{queued} requests are queued (limit {limits.max_queue})",
-            retry_after_s(_requests_to_free(need - free, load), load.drain_rate),
-        )
+    queued = capacity.queued(waiting, free_slots)
     # Retry once the queue ahead has drained, not once one place in it is free: accepted
     # sooner, the request would wait behind those anyway, and every client refused in the
     # same burst comes back at that moment to find the queue full again (the openai client
@@ -132,16 +117,11 @@ def _never_fits(
             f"the prompt has {prompt_tokens} tokens; this server accepts at most "
             f"{max_prompt_tokens} (max_prompt_tokens)",
         )
-    total = prompt_tokens + max_tokens
-    if total > limits.n_ctx:
+    if not capacity.fits_context(prompt_tokens, max_tokens, limits.n_ctx):
         message = (
             f"prompt_tokens ({prompt_tokens}) + max_tokens ({max_tokens}) exceeds "
             f"the context length ({limits.n_ctx})"
         )
-        return Rejection(400, protocol.REJECT_TOO_LONG, message)
-    if not capacity.fits_blocks(total, limits.block_size, limits.blocks_total):
-        need = capacity.blocks_needed(total, limits.block_size)
-        message = f"request needs {need} KV blocks; the engine has {limits.blocks_total} in all"
         return Rejection(400, protocol.REJECT_TOO_LONG, message)
     return None
 
@@ -149,7 +129,7 @@ def _never_fits(
 def engine_rejection(detail: str, load: Load) -> Rejection:
     """The reply for a request the engine itself rejected (``finish_reason == "rejected"``)."""
     if detail == protocol.REJECT_TOO_LONG:
-        return Rejection(400, detail, "request can never fit the engine's KV cache")
+        return Rejection(400, detail, "request can never fit a slot's context")
     if detail == REASON_DRAINING:
         return _draining(load)
     ahead = load.waiting + load.pending_requests + 1
@@ -165,11 +145,3 @@ def _draining(load: Load) -> Rejection:
     return Rejection(
         503, REASON_DRAINING, "engine is draining", retry_after_s(ahead, load.drain_rate)
     )
-
-
-def _requests_to_free(deficit_blocks: int, load: Load) -> int:
-    """How many requests must finish before ``deficit_blocks`` blocks are free, estimated from
-    the blocks an average running request holds; queued requests take freed blocks first."""
-    per_request = load.blocks_used / load.running if load.running else 1.0
-    finishing = math.ceil(deficit_blocks / max(per_request, 1.0))
-    return finishing + load.waiting + load.pending_requests

@@ -67,15 +67,14 @@ def step(request: web.Request, record: RequestRecord, name: str) -> Iterator[Non
 
 
 def admission_figures(
-    record: RequestRecord, limits: Limits, load: Load, blocks: int, rejection: Rejection | None
+    record: RequestRecord, limits: Limits, load: Load, rejection: Rejection | None
 ) -> dict[str, Any]:
     """The admission decision and the board figures it was based on (sent with the request)."""
     return {
         "decision": "rejected" if rejection else "admitted",
         "reason": rejection.reason if rejection else None,
         "ms": record.ms_since_arrival(),
-        "blocks_needed": blocks,
-        "blocks_total": limits.blocks_total,
+        "n_ctx": limits.n_ctx,
         "max_queue": limits.max_queue,
         "slots": limits.slots,
         **asdict(load),

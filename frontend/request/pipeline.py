@@ -12,7 +12,7 @@ import logging
 
 from aiohttp import web
 
-from tinyserve import capacity, protocol
+from tinyserve import protocol
 from tinyserve.frontend.http.api_errors import ApiError, invalid
 from tinyserve.frontend.http.appkeys import CLIENT, CONFIG, LINK, METRICS, TOKENIZER
 from tinyserve.frontend.http.backpressure import ClientStalled, drop_connection
@@ -62,9 +62,9 @@ async def _run(
         prompt_ids = await _prompt_ids(request, record.generation, prompt_ids)
         record.prompt_tokens, record.prompt_ids = len(prompt_ids), prompt_ids
         with step(request, record, "admission"):
-            blocks = _admit(request, record)
+            _admit(request, record)
         submit = _submit_message(record, prompt_ids, request.app[CLIENT].frontend_id)
-        return await _forward(request, record, submit, blocks, reply, meter)
+        return await _forward(request, record, submit, reply, meter)
     except ApiError as exc:  # its reply names the request its log line and metrics count
         exc.request_id = record.request_id
         raise
@@ -85,9 +85,8 @@ async def _prompt_ids(request: web.Request, req: Generation, given: list[int] | 
     return given
 
 
-def _admit(request: web.Request, record: RequestRecord) -> int:
-    """Its limits and the board; returns the request's worst-case KV blocks or raises the
-    rejection."""
+def _admit(request: web.Request, record: RequestRecord) -> None:
+    """Its limits and the board; raises the rejection, if any."""
     link = request.app[LINK]
     limits, load = link.limits, link.load()
     if limits is None or load is None:
@@ -95,14 +94,10 @@ def _admit(request: web.Request, record: RequestRecord) -> int:
     prompt_tokens, max_tokens = record.prompt_tokens, record.generation.max_tokens
     max_prompt = request.app[CONFIG].max_prompt_tokens
     rejection = admission.admit(prompt_tokens, max_tokens, limits, load, max_prompt)
-    blocks = capacity.blocks_needed(prompt_tokens + max_tokens, limits.block_size)
-    if record.generation.fork_of:  # the prompt's full blocks are its leader's (engine/forks.py)
-        blocks -= prompt_tokens // limits.block_size
-    record.admission = admission_figures(record, limits, load, blocks, rejection)
+    record.admission = admission_figures(record, limits, load, rejection)
     if rejection is not None:
         count_rejection(request.app[METRICS], rejection.reason)
         raise rejection_error(rejection)
-    return blocks
 
 
 def _submit_message(
@@ -130,14 +125,13 @@ async def _forward(
     request: web.Request,
     record: RequestRecord,
     submit: protocol.Submit,
-    blocks: int,
     reply: Reply,
     meter: RequestMeter,
 ) -> web.StreamResponse:
     """Send the request, reply from its stream, and make sure it does not outlive the handler."""
     client, link = request.app[CLIENT], request.app[LINK]
     try:
-        stream = client.submit(submit, blocks)
+        stream = client.submit(submit)
     except EngineUnreachable as exc:
         raise engine_unavailable() from exc
     link.publish()

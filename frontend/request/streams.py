@@ -53,9 +53,8 @@ class Piece:
 class RequestStream:
     """Updates of one request, checked for gaps and decoded incrementally as UTF-8."""
 
-    def __init__(self, request_id: str, blocks: int) -> None:
+    def __init__(self, request_id: str) -> None:
         self.request_id = request_id
-        self.blocks = blocks  # worst-case KV blocks: counted as pending until acknowledged
         self.accepted = False
         self.engine_finished = False  # the engine sent this request's final update
         self._closed = False  # a Finish is queued: later updates are ignored

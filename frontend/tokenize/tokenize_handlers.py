@@ -9,6 +9,7 @@ from typing import TypeVar
 
 from aiohttp import web
 
+from tinyserve.config import DEFAULT_CTX_PER_SLOT
 from tinyserve.frontend.http.api_errors import MODEL_NOT_FOUND, ApiError
 from tinyserve.frontend.http.appkeys import CHAT_TEMPLATE, CONFIG, LINK, TOKENIZER
 from tinyserve.frontend.models.common import json_response
@@ -96,6 +97,8 @@ def _model(request: web.Request) -> str:
 
 
 def _max_len(request: web.Request) -> int:
-    # The engine's context once it said so; the configured one before.
+    # The engine's context once it said so; the configured one (or its default) before.
     ack = request.app[LINK].ack
-    return ack.n_ctx if ack is not None else request.app[CONFIG].ctx
+    if ack is not None:
+        return ack.n_ctx
+    return request.app[CONFIG].ctx_per_slot or DEFAULT_CTX_PER_SLOT

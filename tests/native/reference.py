@@ -121,7 +121,7 @@ class RefBatch:
 
 class RefRadix:
     """Reference for ``radix.RadixTree``: a dict from each cached prefix (a tuple of whole
-    blocks of tokens) to ``[block_id, seq_id, last_used]``.
+    blocks of tokens) to ``[block_id, last_used]``.
     """
 
     def __init__(self, block_size: int) -> None:
@@ -132,6 +132,9 @@ class RefRadix:
     def _prefixes(self, tokens: list[int]) -> list[tuple[int, ...]]:
         full = len(tokens) // self.bs
         return [tuple(tokens[: (k + 1) * self.bs]) for k in range(full)]
+
+    def _is_tail(self, key: tuple[int, ...]) -> bool:
+        return len(key) % self.bs != 0
 
     def _matched(self, tokens: list[int]) -> list[tuple[int, ...]]:
         matched = []
@@ -144,31 +147,26 @@ class RefRadix:
     def _touch(self, keys: list[tuple[int, ...]]) -> None:
         self.clock += 1
         for key in keys:
-            self.nodes[key][2] = self.clock
+            self.nodes[key][1] = self.clock
 
-    def match(self, tokens: list[int]) -> tuple[int, list[int], int]:
+    def match(self, tokens: list[int]) -> tuple[int, list[int]]:
         keys = self._matched(tokens)
         if not keys:
-            return 0, [], -1
+            return 0, []
         self._touch(keys)
-        return len(keys[-1]), [self.nodes[k][0] for k in keys], self.nodes[keys[-1]][1]
+        return len(keys[-1]), [self.nodes[k][0] for k in keys]
 
-    def insert(self, tokens: list[int], block_ids: list[int], seq_id: int) -> list[int]:
+    def insert(self, tokens: list[int], block_ids: list[int]) -> list[int]:
         keys = self._prefixes(tokens)
-        if len(tokens) % self.bs or len(block_ids) != len(keys) or seq_id < 0:
+        if len(tokens) % self.bs or len(block_ids) != len(keys):
             raise ValueError("bad arguments")
         new = [(k, b) for k, b in zip(keys, block_ids, strict=True) if k not in self.nodes]
         new_ids = [b for _, b in new]
         in_tree = {node[0] for node in self.nodes.values()}
-        owned = [k for k, node in self.nodes.items() if node[1] == seq_id]
-        if new and (
-            len(set(new_ids)) != len(new_ids)
-            or in_tree & set(new_ids)
-            or any(tuple(tokens[: len(k)]) != k for k in owned)
-        ):
+        if len(set(new_ids)) != len(new_ids) or in_tree & set(new_ids):
             raise ValueError("cannot insert")
         for key, block_id in new:
-            self.nodes[key] = [block_id, seq_id, 0]
+            self.nodes[key] = [block_id, 0]
         self._touch(keys)
         return [self.nodes[k][0] for k in keys]
 
@@ -179,53 +177,65 @@ class RefRadix:
         raise KeyError(block_id)
 
     def _has_children(self, key: tuple[int, ...]) -> bool:
-        return any(len(k) == len(key) + self.bs and k[: len(key)] == key for k in self.nodes)
+        above = len(key) // self.bs * self.bs if self._is_tail(key) else len(key)
+        return not self._is_tail(key) and any(
+            above < len(k) <= above + self.bs and k[:above] == key for k in self.nodes
+        )
 
     def is_leaf(self, block_id: int) -> bool:
         return not self._has_children(self._key_of(block_id))
 
-    def remove_leaf(self, block_id: int) -> tuple[int, int, int]:
+    def remove_leaf(self, block_id: int) -> None:
         key = self._key_of(block_id)
         if self._has_children(key):
             raise ValueError("not a leaf")
-        seq_id = self.nodes.pop(key)[1]
-        still_owned = [len(k) for k, node in self.nodes.items() if node[1] == seq_id]
-        return seq_id, max(still_owned, default=0), len(key)
+        del self.nodes[key]
 
-    def owner(self, block_id: int) -> int:
-        return self.nodes[self._key_of(block_id)][1]
+    def depth(self, block_id: int) -> int:
+        return (len(self._key_of(block_id)) - 1) // self.bs
+
+    def add_tail(self, parent_block: int, tokens: list[int], block_id: int) -> int:
+        above = () if parent_block == -1 else self._key_of(parent_block)
+        if self._is_tail(above):
+            raise ValueError("a tail has nothing below it")
+        if not 0 < len(tokens) < self.bs:
+            raise ValueError("bad tail")
+        key = above + tuple(tokens)
+        if key not in self.nodes:
+            if any(node[0] == block_id for node in self.nodes.values()):
+                raise ValueError("id in the tree")
+            self.nodes[key] = [block_id, 0]
+        self._touch([*self._prefixes(list(key)), key])
+        return self.nodes[key][0]
 
     def path_tokens(self, block_id: int) -> list[int]:
         return list(self._key_of(block_id))
 
-    def extend(
-        self, parent_block: int, tokens: list[int], block_ids: list[int], seq_id: int
-    ) -> list[int]:
+    def extend(self, parent_block: int, tokens: list[int], block_ids: list[int]) -> list[int]:
         above = [] if parent_block == -1 else self.path_tokens(parent_block)
+        if self._is_tail(tuple(above)):
+            raise ValueError("a tail has nothing below it")
         known = [self.nodes[key][0] for key in self._prefixes(above)]
-        return self.insert(above + tokens, known + block_ids, seq_id)[len(known) :]
+        return self.insert(above + tokens, known + block_ids)[len(known) :]
 
     def partial(self, parent_block: int, tokens: list[int]) -> tuple[int, int]:
         above = () if parent_block == -1 else self._key_of(parent_block)
-        best, owner, best_used = 0, -1, 0
-        for key, (_, seq_id, used) in self.nodes.items():
-            if len(key) != len(above) + self.bs or key[: len(above)] != above:
+        best, found, best_used = 0, -1, 0
+        for key, (block_id, used) in self.nodes.items():
+            if not len(above) < len(key) <= len(above) + self.bs or key[: len(above)] != above:
                 continue
             block = key[len(above) :]
             k = 0
-            while k < min(len(tokens), self.bs - 1) and block[k] == tokens[k]:
+            while k < min(len(tokens), self.bs - 1, len(block)) and block[k] == tokens[k]:
                 k += 1
             if k > best or (k == best and k > 0 and used > best_used):
-                best, owner, best_used = k, seq_id, used
-        return best, owner
+                best, found, best_used = k, block_id, used
+        return best, found
 
     def leaves_lru(self) -> list[int]:
         """Leaf block ids, least recently used first."""
         leaves = [node for key, node in self.nodes.items() if not self._has_children(key)]
-        return [node[0] for node in sorted(leaves, key=lambda node: node[2])]
+        return [node[0] for node in sorted(leaves, key=lambda node: node[1])]
 
     def lru_leaf(self, refcount: Callable[[int], int]) -> int:
         return next((b for b in self.leaves_lru() if refcount(b) == 0), -1)
-
-    def seqs_in_use(self) -> set[int]:
-        return {node[1] for node in self.nodes.values()}

@@ -26,53 +26,45 @@ def tree() -> RadixTree:
 
 
 def test_empty_tree_matches_nothing(tree: RadixTree) -> None:
-    assert tree.match([1, 2, 3]) == Match(0, [], -1)
-    assert (tree.n_nodes, tree.block_size, tree.lru_leaf(unpinned), tree.seqs_in_use()) == (
-        0,
-        BS,
-        -1,
-        set(),
-    )
+    assert tree.match([1, 2, 3]) == Match(0, [])
+    assert (tree.n_nodes, tree.block_size, tree.lru_leaf(unpinned)) == (0, BS, -1)
 
 
 def test_match_returns_the_longest_full_block_prefix(tree: RadixTree) -> None:
-    assert tree.insert([1, 2, 3, 4, 5, 6], [10, 11, 12], 0) == [10, 11, 12]
-    assert tree.match([1, 2, 3, 4, 9, 9]) == Match(4, [10, 11], 0)
-    assert tree.match([1, 2, 3, 4, 5]) == Match(4, [10, 11], 0)  # 5 alone is no block
-    assert tree.match([1, 2, 3, 4, 5, 6, 7, 8]) == Match(6, [10, 11, 12], 0)
-    assert tree.match([2, 1]) == Match(0, [], -1)
+    assert tree.insert([1, 2, 3, 4, 5, 6], [10, 11, 12]) == [10, 11, 12]
+    assert tree.match([1, 2, 3, 4, 9, 9]) == Match(4, [10, 11])
+    assert tree.match([1, 2, 3, 4, 5]) == Match(4, [10, 11])  # 5 alone is no block
+    assert tree.match([1, 2, 3, 4, 5, 6, 7, 8]) == Match(6, [10, 11, 12])
+    assert tree.match([2, 1]) == Match(0, [])
 
 
 def test_insert_keeps_existing_nodes_and_reports_them(tree: RadixTree) -> None:
-    tree.insert([1, 2, 3, 4], [10, 11], 0)
-    assert tree.insert([1, 2, 3, 4, 5, 6], [20, 21, 22], 1) == [10, 11, 22]
-    assert tree.match([1, 2, 3, 4, 5, 6]) == Match(6, [10, 11, 22], 1)
-    assert tree.match([1, 2, 3, 4]).seq_id == 0
+    tree.insert([1, 2, 3, 4], [10, 11])
+    assert tree.insert([1, 2, 3, 4, 5, 6], [20, 21, 22]) == [10, 11, 22]
+    assert tree.match([1, 2, 3, 4, 5, 6]) == Match(6, [10, 11, 22])
     assert tree.n_nodes == 3
-    assert tree.seqs_in_use() == {0, 1}
+    assert 20 not in tree  # the duplicate the tree did not take
 
 
-def test_owner_and_path_name_each_block(tree: RadixTree) -> None:
-    tree.insert([1, 2], [10], 0)
-    tree.insert([1, 2, 3, 4], [20, 21], 1)
-    assert [tree.owner(b) for b in (10, 21)] == [0, 1]
+def test_path_and_depth_name_each_block(tree: RadixTree) -> None:
+    tree.insert([1, 2], [10])
+    tree.insert([1, 2, 3, 4], [20, 21])
     assert tree.path_tokens(21) == [1, 2, 3, 4]
     assert tree.path_tokens(10) == [1, 2]
+    assert (tree.depth(10), tree.depth(21)) == (0, 1)
     with pytest.raises(KeyError):
-        tree.owner(20)  # the duplicate the tree did not take
+        tree.depth(20)
 
 
-def test_remove_leaf_frees_the_tail_its_sequence_no_longer_needs(tree: RadixTree) -> None:
-    tree.insert([1, 2], [10], 0)
-    tree.insert([1, 2, 3, 4], [20, 21], 1)  # seq 1 owns only [3, 4]
-    tree.insert([1, 2, 3, 4, 5, 6], [30, 31, 32], 0)  # seq 0 extends through seq 1's node
-    assert not tree.is_leaf(21)
+def test_only_a_leaf_can_be_removed(tree: RadixTree) -> None:
+    tree.insert([1, 2, 3, 4, 5, 6], [10, 11, 12])
+    assert not tree.is_leaf(11)
     with pytest.raises(ValueError):
-        tree.remove_leaf(21)
-    assert tree.remove_leaf(32) == (0, 2, 6)  # seq 0's copy of [3, 4] goes too
-    assert tree.remove_leaf(21) == (1, 0, 4)  # seq 1's last node: all its cells
-    assert tree.seqs_in_use() == {0}
-    assert tree.remove_leaf(10) == (0, 0, 2)
+        tree.remove_leaf(11)
+    tree.remove_leaf(12)
+    assert tree.is_leaf(11)
+    tree.remove_leaf(11)
+    tree.remove_leaf(10)
     assert tree.n_nodes == 0
     with pytest.raises(KeyError):
         tree.remove_leaf(10)
@@ -87,9 +79,9 @@ def leaves_in_eviction_order(tree: RadixTree) -> list[int]:
 
 
 def test_leaves_are_evicted_least_recently_used_first(tree: RadixTree) -> None:
-    tree.insert([1, 1], [10], 0)
-    tree.insert([2, 2], [20], 1)
-    tree.insert([3, 3, 4, 4], [30, 31], 2)
+    tree.insert([1, 1], [10])
+    tree.insert([2, 2], [20])
+    tree.insert([3, 3, 4, 4], [30, 31])
     assert tree.lru_leaf(unpinned) == 10
     tree.match([1, 1, 0])
     tree.match([3, 3])  # touches 30 only: the leaf below it is still cold
@@ -98,9 +90,9 @@ def test_leaves_are_evicted_least_recently_used_first(tree: RadixTree) -> None:
 
 
 def test_pinned_leaves_are_skipped_and_stay_in_order(tree: RadixTree) -> None:
-    tree.insert([1, 1], [10], 0)
-    tree.insert([2, 2], [20], 1)
-    tree.insert([3, 3], [30], 2)
+    tree.insert([1, 1], [10])
+    tree.insert([2, 2], [20])
+    tree.insert([3, 3], [30])
     pinned = {10, 20}
     assert tree.lru_leaf(lambda b: int(b in pinned)) == 30
     assert tree.lru_leaf(lambda b: int(b in {10})) == 20
@@ -110,8 +102,8 @@ def test_pinned_leaves_are_skipped_and_stay_in_order(tree: RadixTree) -> None:
 
 
 def test_a_refcount_that_raises_loses_no_leaf(tree: RadixTree) -> None:
-    tree.insert([1, 1], [10], 0)
-    tree.insert([2, 2], [20], 1)
+    tree.insert([1, 1], [10])
+    tree.insert([2, 2], [20])
 
     def broken(block: int) -> int:
         if block == 20:
@@ -124,83 +116,90 @@ def test_a_refcount_that_raises_loses_no_leaf(tree: RadixTree) -> None:
 
 
 def test_an_inner_node_is_not_evictable_until_its_last_child_goes(tree: RadixTree) -> None:
-    tree.insert([1, 1, 2, 2], [10, 11], 0)
-    tree.insert([1, 1, 3, 3], [12, 13], 1)
+    tree.insert([1, 1, 2, 2], [10, 11])
+    tree.insert([1, 1, 3, 3], [12, 13])
     tree.match([5, 5])
     assert tree.lru_leaf(lambda b: int(b != 10)) == -1  # 10 is unpinned but has children
     assert leaves_in_eviction_order(tree) == [11, 13, 10]
 
 
 def test_extend_hangs_blocks_below_a_node(tree: RadixTree) -> None:
-    tree.insert([1, 2, 3, 4], [10, 11], 0)
-    assert tree.extend(11, [5, 6, 7, 8], [12, 13], 0) == [12, 13]
-    assert tree.match([1, 2, 3, 4, 5, 6, 7, 8]) == Match(8, [10, 11, 12, 13], 0)
-    assert tree.extend(10, [3, 4], [14], 1) == [11]  # already there: the tree's id
-    assert tree.extend(-1, [9, 9], [15], 1) == [15]
+    tree.insert([1, 2, 3, 4], [10, 11])
+    assert tree.extend(11, [5, 6, 7, 8], [12, 13]) == [12, 13]
+    assert tree.match([1, 2, 3, 4, 5, 6, 7, 8]) == Match(8, [10, 11, 12, 13])
+    assert tree.extend(10, [3, 4], [14]) == [11]  # already there: the tree's id
+    assert tree.extend(-1, [9, 9], [15]) == [15]
     with pytest.raises(KeyError):
-        tree.extend(99, [9, 9], [16], 2)
-    with pytest.raises(ValueError):
-        tree.extend(10, [7, 7], [16], 0)  # seq 0 holds [1, 2, 3, 4, ...], not [1, 2, 7, 7]
+        tree.extend(99, [9, 9], [16])
     assert tree.n_nodes == 5
 
 
 def test_touching_a_hot_leaf_often_keeps_the_order(tree: RadixTree) -> None:
-    tree.insert([1, 1], [10], 0)
-    tree.insert([2, 2], [20], 1)
+    tree.insert([1, 1], [10])
+    tree.insert([2, 2], [20])
     for _ in range(1000):  # stale heap entries pile up and are swept
         tree.match([2, 2])
     assert leaves_in_eviction_order(tree) == [10, 20]
 
 
 @pytest.mark.parametrize(
-    ("tokens", "ids", "seq"),
+    ("tokens", "ids"),
     [
-        ([1, 2, 3], [10, 11], 0),  # not whole blocks
-        ([1, 2, 3, 4], [10], 0),  # one id short
-        ([1, 2], [10], -1),
-        ([5, 6, 7, 8], [40, 40], 0),  # repeated id
-        ([5, 6], [10], 0),  # id already in the tree
-        ([5, 6], [40], 7),  # seq 7 already holds [1, 2, 3, 4]
+        ([1, 2, 3], [10, 11]),  # not whole blocks
+        ([1, 2, 3, 4], [10]),  # one id short
+        ([5, 6, 7, 8], [40, 40]),  # repeated id
+        ([5, 6], [10]),  # id already in the tree
     ],
 )
 def test_bad_inserts_raise_and_change_nothing(
-    tree: RadixTree, tokens: list[int], ids: list[int], seq: int
+    tree: RadixTree, tokens: list[int], ids: list[int]
 ) -> None:
-    tree.insert([1, 2, 3, 4], [10, 11], 7)
+    tree.insert([1, 2, 3, 4], [10, 11])
     with pytest.raises(ValueError):
-        tree.insert(tokens, ids, seq)
+        tree.insert(tokens, ids)
     assert tree.n_nodes == 2
-    assert tree.match([1, 2, 3, 4, 5, 6, 7, 8]) == Match(4, [10, 11], 7)
+    assert tree.match([1, 2, 3, 4, 5, 6, 7, 8]) == Match(4, [10, 11])
 
 
 def test_a_non_integer_block_id_fails_before_any_change(tree: RadixTree) -> None:
     with pytest.raises(TypeError):
-        tree.insert([1, 2, 3, 4], [10, "11"], 0)  # type: ignore[list-item]
+        tree.insert([1, 2, 3, 4], [10, "11"])  # type: ignore[list-item]
     assert tree.n_nodes == 0
-
-
-def test_a_sequence_may_extend_its_own_path_or_reinsert_a_prefix(tree: RadixTree) -> None:
-    tree.insert([1, 2, 3, 4], [10, 11], 7)
-    assert tree.insert([1, 2], [50], 7) == [10]
-    assert tree.insert([1, 2, 3, 4, 5, 6], [50, 51, 52], 7) == [10, 11, 52]
-    assert tree.match([1, 2, 3, 4, 5, 6]).seq_id == 7
 
 
 def test_partial_finds_the_longest_start_of_a_block_below() -> None:
     tree = RadixTree(4)
-    tree.insert([1, 2, 3, 4, 5, 6, 7, 8], [10, 11], 0)
-    tree.insert([1, 2, 3, 4, 5, 6, 9, 9], [10, 12], 1)
-    assert tree.partial(-1, [1, 2, 7]) == (2, 0)  # below the root: block [1, 2, 3, 4]
-    assert tree.partial(10, [5, 6, 7]) == (3, 0)
-    assert tree.partial(10, [5, 6, 9, 9, 9]) == (3, 1)  # never a whole block: that is a match
-    assert tree.partial(10, [5]) == (1, 1)  # a tie: the most recently used block's holder
+    tree.insert([1, 2, 3, 4, 5, 6, 7, 8], [10, 11])
+    tree.insert([1, 2, 3, 4, 5, 6, 9, 9], [10, 12])
+    assert tree.partial(-1, [1, 2, 7]) == (2, 10)  # below the root: block [1, 2, 3, 4]
+    assert tree.partial(10, [5, 6, 7]) == (3, 11)
+    assert tree.partial(10, [5, 6, 9, 9, 9]) == (3, 12)  # never a whole block: that is a match
+    assert tree.partial(10, [5]) == (1, 12)  # a tie: the most recently used block
     tree.match([1, 2, 3, 4, 5, 6, 7, 8])
-    assert tree.partial(10, [5]) == (1, 0)
+    assert tree.partial(10, [5]) == (1, 11)
     assert tree.partial(10, [8]) == (0, -1)
     assert tree.partial(11, [1]) == (0, -1)  # a leaf has nothing below
     assert tree.n_nodes == 3
     with pytest.raises(KeyError):
         tree.partial(99, [1])
+
+
+def test_a_tail_is_a_leaf_found_by_partial_and_never_by_match() -> None:
+    tree = RadixTree(4)
+    tree.insert([1, 2, 3, 4], [10])
+    assert tree.add_tail(10, [5, 6], 11) == 11
+    assert tree.add_tail(10, [5, 6], 12) == 11  # already there: the tree's id
+    assert tree.match([1, 2, 3, 4, 5, 6]) == Match(4, [10])
+    assert tree.partial(10, [5, 6, 7]) == (2, 11)
+    assert tree.partial(10, [5]) == (1, 11)
+    assert (tree.is_leaf(11), tree.depth(11), tree.path_tokens(11)) == (True, 1, [1, 2, 3, 4, 5, 6])
+    with pytest.raises(ValueError):
+        tree.extend(11, [7, 8, 9, 9], [13])  # nothing hangs from a tail
+    with pytest.raises(ValueError):
+        tree.add_tail(10, [5, 6, 7, 8], 13)  # a whole block is no tail
+    assert tree.lru_leaf(unpinned) == 11
+    tree.remove_leaf(11)
+    assert tree.is_leaf(10)
 
 
 def test_block_size_must_be_positive() -> None:
@@ -238,8 +237,8 @@ class RadixMachine(RuleBasedStateMachine):
         self.next_id += n
         return list(range(self.next_id - n, self.next_id))
 
-    @rule(tokens=TOKENS, seq=st.integers(-1, 3), data=st.data())
-    def insert(self, tokens: list[int], seq: int, data: st.DataObject) -> None:
+    @rule(tokens=TOKENS, data=st.data())
+    def insert(self, tokens: list[int], data: st.DataObject) -> None:
         tokens = tokens[: len(tokens) // BS * BS]
         ids = self._fresh_ids(len(tokens) // BS)
         in_tree = [node[0] for node in self.ref.nodes.values()]
@@ -248,14 +247,20 @@ class RadixMachine(RuleBasedStateMachine):
             ids[data.draw(st.integers(0, len(ids) - 1))] = data.draw(st.sampled_from(in_tree))
         elif corrupt == 1 and len(ids) >= 2:
             ids[-1] = ids[0]
-        self._both("insert", tokens, ids, seq)
+        self._both("insert", tokens, ids)
 
-    @rule(tokens=TOKENS, seq=st.integers(0, 3), data=st.data())
-    def extend(self, tokens: list[int], seq: int, data: st.DataObject) -> None:
+    @rule(tokens=TOKENS, data=st.data())
+    def extend(self, tokens: list[int], data: st.DataObject) -> None:
         tokens = tokens[: len(tokens) // BS * BS]
         in_tree = [node[0] for node in self.ref.nodes.values()]
         parent = data.draw(st.sampled_from([-1, 99, *in_tree]))
-        self._both("extend", parent, tokens, self._fresh_ids(len(tokens) // BS), seq)
+        self._both("extend", parent, tokens, self._fresh_ids(len(tokens) // BS))
+
+    @rule(tokens=st.lists(st.integers(0, 1), min_size=0, max_size=BS), data=st.data())
+    def add_tail(self, tokens: list[int], data: st.DataObject) -> None:
+        in_tree = [node[0] for node in self.ref.nodes.values()]
+        parent = data.draw(st.sampled_from([-1, 99, *in_tree]))
+        self._both("add_tail", parent, tokens, self._fresh_ids(1)[0])
 
     @rule(tokens=TOKENS)
     def match(self, tokens: list[int]) -> None:
@@ -294,11 +299,10 @@ class RadixMachine(RuleBasedStateMachine):
         assert self.tree.n_nodes == len(self.ref.nodes)
         assert self.tree.lru_leaf(self.refcount) == self.ref.lru_leaf(self.refcount)
         assert self.tree.lru_leaf(unpinned) == self.ref.lru_leaf(unpinned)
-        assert self.tree.seqs_in_use() == self.ref.seqs_in_use()
-        for block_id, _, _ in self.ref.nodes.values():
+        for block_id, _ in self.ref.nodes.values():
             assert block_id in self.tree
             assert self.tree.is_leaf(block_id) == self.ref.is_leaf(block_id)
-            assert self.tree.owner(block_id) == self.ref.owner(block_id)
+            assert self.tree.depth(block_id) == self.ref.depth(block_id)
             assert self.tree.path_tokens(block_id) == self.ref.path_tokens(block_id)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tinyserve.capacity import blocks_needed, fits_blocks, fits_context, queue_full, queued
+from tinyserve.capacity import blocks_needed, fits_context, queue_full, queued
 
 
 def test_blocks_needed_rounds_up() -> None:
@@ -21,17 +21,10 @@ def test_blocks_needed_is_the_ceiling(tokens: int, block_size: int) -> None:
     assert (need - 1) * block_size < tokens <= need * block_size or tokens == need == 0
 
 
-def test_fits_blocks_counts_a_partial_last_block_whole() -> None:
-    assert fits_blocks(64, 16, 4)
-    assert not fits_blocks(65, 16, 4)
-
-
-def test_fits_context_needs_a_prompt_the_context_and_the_blocks() -> None:
-    assert fits_context(10, 6, n_ctx=16, block_size=16, blocks_total=1)
-    assert not fits_context(0, 6, n_ctx=16, block_size=16, blocks_total=1)  # no prompt
-    assert not fits_context(10, 7, n_ctx=16, block_size=16, blocks_total=1)  # past the context
-    # A context that is not a multiple of the block size: the blocks run out first.
-    assert not fits_context(10, 10, n_ctx=40, block_size=16, blocks_total=1)
+def test_fits_context_needs_a_prompt_and_the_whole_request_in_one_slot() -> None:
+    assert fits_context(10, 6, n_ctx=16)
+    assert not fits_context(0, 6, n_ctx=16)  # no prompt
+    assert not fits_context(10, 7, n_ctx=16)  # past one slot's cells
 
 
 def test_requests_bound_for_free_slots_are_not_queued() -> None:

@@ -9,23 +9,14 @@ import llama_cpp
 import pytest
 
 from tinyserve import cli
-from tinyserve.config import ENGINE, FRONTEND, LLAMA_MAX_SEQ, SERVE, build_config
+from tinyserve.config import ENGINE, FRONTEND, LLAMA_MAX_SEQ, SERVE, build_config, parse_args
 
 REFUSED = [
     ({"slots": 300, "max_batch_tokens": 256}, ["--slots 300", "--max-batch-tokens 256"]),
-    ({"block_size": 8192, "ctx": 4096}, ["--block-size 8192", "--ctx 4096"]),
-    ({"slots": 250, "max_batch_tokens": 512}, ["--slots 250", "--cache-seqs 16", "256"]),
-    (
-        {"slots": 257, "max_batch_tokens": 512, "prefix_cache": False},
-        ["--slots 257", "256"],
-    ),
-    (
-        {"slots": 240, "cache_seqs": 16, "max_batch_tokens": 240},
-        ["--slots 240", "--cache-seqs 16", "+ 1 for --host-cache-mb", "256"],
-    ),
+    ({"block_size": 8192, "ctx_per_slot": 4096}, ["--block-size 8192", "--ctx-per-slot 4096"]),
+    ({"slots": 257, "max_batch_tokens": 512}, ["--slots 257", "256"]),
     ({"cache_dir": "/tmp/x", "host_cache_mb": 0}, ["--cache-dir", "--host-cache-mb"]),
-    ({"cache_dir": "/tmp/x", "kv_layout": "slots"}, ["--cache-dir", "--kv-layout unified"]),
-    ({"kv_layout": "slots", "ctx": 4096, "slots": 6}, ["--kv-layout slots", "--ctx 4096", "256"]),
+    ({"cache_dir": "/tmp/x", "prefix_cache": False}, ["--cache-dir", "--prefix-cache"]),
 ]
 
 
@@ -42,19 +33,26 @@ def test_settings_that_cannot_work_are_refused(
 
 
 def test_settings_at_the_limits_are_taken() -> None:
-    at_limits = {"slots": 240, "cache_seqs": 15, "max_batch_tokens": 240, "block_size": 256}
-    config = build_config({**at_limits, "ctx": 256}, environ={}, role=ENGINE)
-    assert config.n_seq_max == LLAMA_MAX_SEQ  # the host tier's scratch sequence is the 256th
-    no_host = {**at_limits, "cache_seqs": 16, "host_cache_mb": 0, "ctx": 256}
-    assert build_config(no_host, environ={}, role=ENGINE).n_seq_max == LLAMA_MAX_SEQ
-    build_config({"slots": 256, "prefix_cache": False, "max_batch_tokens": 256}, environ={})
+    at_limits = {"slots": 256, "max_batch_tokens": 256, "block_size": 256, "ctx_per_slot": 256}
+    assert build_config(at_limits, environ={}, role=ENGINE).slots == LLAMA_MAX_SEQ
 
 
-def test_with_a_stream_per_slot_there_are_no_cache_sequences() -> None:
-    """``--kv-layout slots``: one llama.cpp sequence id per slot, however the cache is set."""
-    config = build_config({"kv_layout": "slots", "slots": 16}, environ={}, role=ENGINE)
-    assert config.n_seq_max == 16 and config.prefix_cache
-    assert not config.shared_cache and not config.host_cache
+def test_gpu_settings_are_parsed_and_handed_on_to_the_engine() -> None:
+    config = cli_config(["--gpu-layers", "all", "--tensor-split", "3, 1", "--split-mode", "row"])
+    assert (config.gpu_layers, config.tensor_split, config.split_mode) == (-1, "3,1", "row")
+    again = cli_config(config.flags_for(ENGINE))
+    assert (again.gpu_layers, again.tensor_split) == (-1, "3,1")
+    assert cli_config(["--gpu-layers", "12"]).gpu_layers == 12
+
+
+@pytest.mark.parametrize("argv", [["--gpu-layers", "many"], ["--tensor-split", "3,x"]])
+def test_gpu_settings_that_say_nothing_are_usage_errors(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli_config(argv)
+
+
+def cli_config(argv: list[str]) -> Any:
+    return parse_args(ENGINE, argv)
 
 
 def test_the_environment_is_checked_too() -> None:

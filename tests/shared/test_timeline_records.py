@@ -12,7 +12,7 @@ from tinyserve.timeline_records import (
     AcceptedWire,
     ChunkWire,
     DecodeRun,
-    Finish,
+    Finished,
     FinishWire,
     PrefillChunk,
     SlotGrant,
@@ -27,20 +27,14 @@ ARRIVAL = 5_000_000
 @pytest.mark.parametrize(
     ("record", "wire_type"),
     [
-        (Accepted(1, ARRIVAL + 1_500_000, 2, 0, 1, kv_wait_ns=400_000), AcceptedWire),
+        (Accepted(1, ARRIVAL + 1_500_000, 0, 1), AcceptedWire),
         (SlotGrant(2, ARRIVAL + 2_000_000, 1, "arrival", 0), SlotWire),
         (PrefillChunk(2, 16, ARRIVAL + 3_000_000, 1_000_000, 900_000), ChunkWire),
-        (Finish("stop", "", 9, ARRIVAL + 9_000_000, 7), FinishWire),
+        (Finished("stop", "", 9, ARRIVAL + 9_000_000, 7), FinishWire),
     ],
 )
 def test_each_step_writes_exactly_its_wire_keys(record: Any, wire_type: type) -> None:
     assert list(record.wire(ARRIVAL)) == list(get_type_hints(wire_type))
-
-
-def test_an_acceptance_without_a_wait_for_blocks_leaves_kv_wait_ms_out() -> None:
-    wire = Accepted(1, ARRIVAL + 1_500_000, 2, 0, 1).wire(ARRIVAL)
-    assert "kv_wait_ms" not in wire
-    assert Accepted(1, ARRIVAL + 1_500_000, 2, 0, 1, 400_000).wire(ARRIVAL)["kv_wait_ms"] == 0.4
 
 
 def test_stamps_become_ms_since_arrival_and_chunks_run_from_the_previous_step() -> None:

@@ -1,0 +1,130 @@
+"""The runner: writes the batch the scheduler planned, decodes it, samples. It decides nothing.
+
+For each planned row it returns what it computed: the token a sequence sampled (with its
+text, whether it ends generation, and its logprobs when asked) and a prompt chunk's prompt
+logprobs when asked. What follows from them (a stop string, ``max_tokens``, the end of a
+prompt) is the scheduler's to decide. A row that fails (its sampler, its logprobs) carries the
+exception, so the scheduler ends that request alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tinyserve.engine import prompt_logprobs
+from tinyserve.engine.report import Batch
+from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.engine.sampler import Sampler
+from tinyserve.engine.sequence import Sequence, Status
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """The plan for one sequence in a tick: ``n_tokens`` rows from its ``n_past`` on (its last
+    token, or a prompt chunk), a token sampled from the last one when ``sample``."""
+
+    seq: Sequence
+    n_tokens: int
+    sample: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    """A sampled token: its text (none for an end-of-generation token), and its logprobs
+    (``[logprob, [[id, logprob], ...]]``) when the request asked for them."""
+
+    token: int
+    text: bytes
+    end: bool
+    logprobs: list[Any] | None
+
+
+@dataclass(slots=True)
+class Computed:
+    """What the runner computed for one planned row; ``error`` when that failed."""
+
+    row: Row
+    logits_row: int = -1  # the batch row its token was sampled from
+    sampled: Sampled | None = None
+    prompt_logprobs: list[list[Any]] | None = None
+    error: Exception | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One decode: llama_decode's status (0: done), each row's results, the batch's sizes."""
+
+    status: int
+    computed: list[Computed]
+    batch: Batch
+
+
+class Runner:
+    """Batch, decode and sampling over ``LlamaRuntime``; holds each slot's sampler."""
+
+    def __init__(self, runtime: LlamaRuntime) -> None:
+        self.runtime = runtime
+        self.samplers: dict[int, Sampler] = {}  # by slot
+
+    def start(self, seq: Sequence) -> None:
+        """``seq`` holds its slot: its sampler chain (and grammar) is built now."""
+        self.samplers[seq.slot] = sampler = self.runtime.new_sampler(seq.request.sampling)
+        seq.timeline.grammar = sampler.grammar
+
+    def stop(self, seq: Sequence) -> None:
+        sampler = self.samplers.pop(seq.slot, None)  # None when the grant failed before it
+        if sampler is not None:
+            sampler.free()
+
+    def run(self, plan: list[Row]) -> Outcome:
+        """Write ``plan``'s rows (in its order), decode once, sample what was asked."""
+        self.runtime.batch.clear()
+        computed = [self._write(row) for row in plan]
+        started = time.perf_counter()
+        status = self.runtime.decode()
+        elapsed = time.perf_counter() - started
+        written = [c for c in computed if c.error is None]
+        tokens = sum(c.row.n_tokens for c in written)
+        decoding = sum(1 for c in written if c.row.seq.status is Status.DECODE)
+        batch = Batch(len(written), tokens, tokens - decoding, decoding, elapsed)
+        if status == 0:
+            for item in written:
+                self._compute(item)
+        return Outcome(status, computed, batch)
+
+    def sample(self, seq: Sequence, logits_row: int) -> Sampled:
+        """``seq``'s next token from the logits of ``logits_row`` of the last decode."""
+        token = self.samplers[seq.slot].sample(self.runtime.ctx, logits_row)
+        top_n = seq.request.sampling.logprobs
+        logprobs = self.runtime.logprobs(logits_row, token, top_n) if top_n >= 0 else None
+        end = self.runtime.is_eog(token)
+        return Sampled(token, b"" if end else self.runtime.piece(token), end, logprobs)
+
+    def _write(self, row: Row) -> Computed:
+        seq, builder = row.seq, self.runtime.batch
+        try:
+            if seq.status is Status.DECODE:
+                last = builder.add(seq.last_token, seq.n_past, seq.slot, True)
+            else:
+                every = prompt_logprobs.wanted(seq)
+                prompt = seq.request.prompt_ids
+                last = builder.add_span(
+                    prompt, seq.n_past, row.n_tokens, seq.n_past, seq.slot, row.sample, every
+                )
+        except Exception as exc:  # the row's failure is its request's alone
+            return Computed(row, error=exc)
+        return Computed(row, last)
+
+    def _compute(self, item: Computed) -> None:
+        seq = item.row.seq
+        try:
+            if seq.status is Status.PREFILL and prompt_logprobs.wanted(seq):
+                item.prompt_logprobs = prompt_logprobs.chunk_entries(
+                    self.runtime, seq, item.logits_row, item.row.n_tokens
+                )
+            if item.row.sample:
+                item.sampled = self.sample(seq, item.logits_row)
+        except Exception as exc:  # the row's failure is its request's alone
+            item.error = exc

@@ -1,0 +1,300 @@
+"""The scheduler: who waits, who gets a slot, what goes in the batch, and when a request ends.
+
+Every decision of the engine is made here, on plain state: acceptance and rejection, the
+policy's queue, expiry (deadlines and timeouts), slot grants (with ``KvSpace`` choosing the
+slot and what it reuses), the tick's plan (decode rows first, one per running sequence in slot
+order, then prefill chunks within the token budget), and after the decode what each row's
+results mean: the end of a prompt, a stop string, ``max_tokens``, an end-of-generation token.
+
+Each step of serving one request runs under ``serving``: whatever it raises ends that request
+alone with ``finish_reason: "error"``; the engine goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from tinyserve import capacity
+from tinyserve.config import Config
+from tinyserve.engine import forks, prompt_logprobs
+from tinyserve.engine.deadline import due_ns
+from tinyserve.engine.drafts import TickDrafts
+from tinyserve.engine.drain import DrainRate
+from tinyserve.engine.kv_space import KvSpace
+from tinyserve.engine.policies import Policy, make_policy
+from tinyserve.engine.report import Cause, Ended, Grant, Rejection
+from tinyserve.engine.runner import Computed, Outcome, Row, Runner, Sampled
+from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.engine.timeline import RecentTimelines, Timeline
+from tinyserve.errors import EngineFatalError, RequestError
+from tinyserve.logs import fields
+from tinyserve.protocol import (
+    FINISH_DEADLINE_MISSED,
+    FINISH_ERROR,
+    FINISH_LENGTH,
+    FINISH_QUEUE_TIMEOUT,
+    FINISH_REJECTED,
+    FINISH_STOP,
+    FINISH_TIMEOUT,
+    REJECT_DRAINING,
+    REJECT_QUEUE_FULL,
+    REJECT_TOO_LONG,
+    Submit,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    """All scheduling state of one engine. Single-threaded: only the engine loop calls it."""
+
+    def __init__(
+        self, config: Config, kv: KvSpace, runner: Runner, n_ctx: int, clock: Callable[[], int]
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        self.runner = runner
+        self.n_ctx = n_ctx  # what one request may fill: a slot's cells
+        self.clock = clock
+        self.policy: Policy = make_policy(
+            config.policy, config.tenant_weight_map, config.srpt_aging
+        )
+        self.slots: list[Sequence | None] = [None] * config.slots
+        self.running: list[Sequence] = []  # in slot-grant order: earlier prefills go first
+        self.by_id: dict[str, Sequence] = {}
+        self.drafts = TickDrafts()
+        self.recent = RecentTimelines(config.timeline_keep)
+        self.drain = DrainRate(config.chunk, config.slots)
+        self.draining = False
+        self.tick = 0
+        self._arrivals = 0
+        self._grants = 0  # slot grants so far: "admitted ahead of it" in timelines
+
+    # -- requests come and go ---------------------------------------------------------------
+
+    def submit(self, request: Submit, now: int) -> None:
+        """Accept ``request`` into the policy's queue, or reject it at once."""
+        if request.request_id in self.by_id:
+            log.warning("duplicate request id ignored", extra=fields(id=request.request_id))
+            return
+        reason = self._rejection(request)
+        if reason:
+            timeline = self.end_unaccepted(request, FINISH_REJECTED, reason)
+            self.drafts.rejected(Rejection(reason, timeline))
+            return
+        seq = Sequence(request, policy_name=self.policy.name)
+        self.by_id[request.request_id] = seq  # from here a failure ends it like any request
+        with self.serving(seq, "accepting it"):
+            forks.follow(seq, self.by_id)
+            seq.cache_hint = self.kv.hint(request.prompt_ids)
+            self._arrivals += 1
+            seq.order = self._arrivals
+            seq.timeline.accept(self.tick, now, self._grants, len(self.running), len(self.policy))
+            self.policy.add(seq)
+            seq.status = Status.WAITING
+            self.drafts.accepted(request)
+
+    def _rejection(self, request: Submit) -> str:
+        if not capacity.fits_context(len(request.prompt_ids), request.max_tokens, self.n_ctx):
+            return REJECT_TOO_LONG
+        if self.draining:
+            return REJECT_DRAINING
+        if capacity.queue_full(len(self.policy), self.slots.count(None), self.config.max_queue):
+            return REJECT_QUEUE_FULL
+        return ""
+
+    def end_unaccepted(self, request: Submit, reason: str, detail: str) -> Timeline:
+        """End a request the engine never accepted: its final update, and its timeline."""
+        timeline = Timeline(request, self.policy.name)
+        timeline.end(reason, detail, self.tick, self.clock(), 0)
+        self.drafts.finish(request, reason, detail, timeline=self._record(timeline))
+        return timeline
+
+    def cancel(self, seq: Sequence, reason: str, detail: str, cause: Cause) -> None:
+        self.finish(seq, reason, detail, cause)
+
+    # -- one tick: schedule ------------------------------------------------------------------
+
+    def schedule(self, now: int) -> list[Row]:
+        """Expire what is due, give free slots to waiting requests, plan the batch."""
+        self.drain.step(now, bool(self.running))
+        self._expire(now)
+        self._admit(now)
+        return self._plan()
+
+    def _expire(self, now: int) -> None:
+        queue_ns = int(self.config.queue_timeout * 1e9)
+        total_ns = int(self.config.request_timeout * 1e9)
+        for seq in list(self.by_id.values()):
+            age = now - seq.request.arrival_ns
+            due = due_ns(seq.request)
+            if due is not None and now > due:
+                self.finish(seq, FINISH_DEADLINE_MISSED, cause=Cause.DEADLINE)
+            elif queue_ns and seq.status is Status.WAITING and age > queue_ns:
+                self.finish(seq, FINISH_QUEUE_TIMEOUT, cause=Cause.QUEUE_TIMEOUT)
+            elif total_ns and age > total_ns:
+                self.finish(seq, FINISH_TIMEOUT, cause=Cause.REQUEST_TIMEOUT)
+
+    def _admit(self, now: int) -> None:
+        """Give free slots to waiting requests, in the order the policy chooses."""
+        while free := [slot for slot, holder in enumerate(self.slots) if holder is None]:
+            seq = self.policy.pop_next()
+            if seq is None:
+                return
+            # NOTE: out of the queue from here (the policy counts it as running): a failure
+            # before it holds its slot ends a request without one.
+            seq.status = Status.PREFILL
+            with self.serving(seq, "granting it a slot"):
+                self._grant(seq, free, now)
+
+    def _grant(self, seq: Sequence, free: list[int], now: int) -> None:
+        reuse = self.kv.grant(seq, free)
+        # NOTE: slot state first, so that a failure below frees exactly this slot.
+        seq.slot, seq.n_past = reuse.slot, reuse.tokens
+        self.slots[reuse.slot] = seq
+        self.running.append(seq)
+        rule = self.policy.rule(seq)
+        seq.timeline.grant(self.tick + 1, now, reuse.slot, rule, self._grants)
+        seq.timeline.reused(reuse.tokens, reuse.tier, reuse.ns)
+        self._grants += 1
+        request, wait_s = seq.request, (seq.timeline.wait_ms() or 0.0) / 1e3
+        kind = self.policy.rule_kind
+        self.drafts.granted(Grant(seq.request_id, kind, request.tenant, request.priority, wait_s))
+        self.runner.start(seq)
+        forks.on_grant(seq, self.kv.runtime)
+
+    def _plan(self) -> list[Row]:
+        """Decode rows first (one token each, in slot order: llama.cpp decodes rows of
+        consecutive sequence ids in one pass), then prefill chunks within the token budget."""
+        decoding = [s for s in self.running if s.status is Status.DECODE]
+        plan = [Row(seq, 1, True) for seq in sorted(decoding, key=lambda s: s.slot)]
+        budget = min(self.config.max_batch_tokens, self.kv.runtime.batch.capacity)
+        used = len(plan)
+        for seq in self.running:
+            n = min(seq.prefill_left, self.config.chunk, budget - used)
+            room = budget - self.config.slots
+            if n <= 0 or prompt_logprobs.defers(seq, n, self.config.chunk, room):
+                continue
+            last = seq.n_past + n == seq.prompt_len
+            plan.append(Row(seq, n, last and seq.request.max_tokens > 0))
+            used += n
+        return plan
+
+    # -- one tick: after the decode ----------------------------------------------------------
+
+    def postprocess(self, outcome: Outcome, now: int) -> None:
+        """What the decode's results mean for each request in the batch."""
+        self.tick += 1
+        if outcome.status != 0:  # the batch's KV state is undefined: fail just these requests
+            log.error("llama_decode failed", extra=fields(status=outcome.status))
+            for item in outcome.computed:
+                self.finish(item.row.seq, FINISH_ERROR, f"llama_decode returned {outcome.status}")
+            return
+        size = outcome.batch.requests
+        for item in outcome.computed:
+            with self.serving(item.row.seq, "taking its decoded rows"):
+                if item.error is not None:
+                    raise item.error
+                self._advance(item, size, now, outcome.batch.decode_s)
+
+    def _advance(self, item: Computed, batch_size: int, now: int, decode_s: float) -> None:
+        seq, n = item.row.seq, item.row.n_tokens
+        if item.prompt_logprobs is not None:
+            self.drafts.prompt_logprobs(seq.request, item.prompt_logprobs)
+        seq.n_past += n
+        self.policy.charge(seq, n)
+        if seq.status is Status.DECODE:
+            seq.timeline.decode_tick(self.tick, batch_size, now)
+        else:
+            seq.timeline.prefill_chunk(self.tick, n, now, int(decode_s * 1e9))
+            if seq.n_past == seq.prompt_len and seq.request.max_tokens == 0:
+                self.finish(seq, FINISH_LENGTH)  # the prompt's logprobs alone (echo)
+                return
+        if item.sampled is None:
+            return
+        if seq.status is Status.PREFILL:
+            seq.status = Status.DECODE
+            seq.timeline.first_token(now)
+            self._fork(seq, item.logits_row, now)
+        self._take(seq, item.sampled)
+
+    def _fork(self, leader: Sequence, logits_row: int, now: int) -> None:
+        """``leader``'s prompt is in: the choices waiting on it copy it and sample its row."""
+        for follower in forks.waiting(leader):
+            with self.serving(follower, "copying its prompt from the choice that prefilled it"):
+                forks.fork(leader, follower, self.kv.runtime)
+                follower.status = Status.DECODE
+                follower.timeline.first_token(now)
+                self._take(follower, self.runner.sample(follower, logits_row))
+
+    def _take(self, seq: Sequence, sampled: Sampled) -> None:
+        """``seq`` generated ``sampled``: report it, and end the request where it should."""
+        seq.last_token = sampled.token
+        seq.output_ids.append(sampled.token)
+        text = seq.stops.feed(sampled.text) if sampled.text else b""
+        self.drafts.token(seq.request, sampled.token, text, sampled.logprobs)
+        if sampled.end or seq.stops.stopped:
+            self.finish(seq, FINISH_STOP)
+        elif seq.generated >= seq.request.max_tokens:
+            self.finish(seq, FINISH_LENGTH)
+
+    # -- the end of a request ----------------------------------------------------------------
+
+    def finish(
+        self, seq: Sequence, reason: str, detail: str = "", cause: Cause = Cause.NONE
+    ) -> None:
+        """End ``seq``: free its slot, then report. Only a broken invariant of the engine
+        (the policy's state) raises here; a failing prefix cache does not."""
+        if seq.status is not Status.NEW:
+            self.policy.remove(seq)
+        forks.unfollow(seq)
+        forks.release(seq)
+        if seq.slot >= 0:
+            self.runner.stop(seq)
+            self.kv.finish(seq, served=reason != FINISH_ERROR)
+            self.slots[seq.slot] = None
+            self.running.remove(seq)
+        seq.status = Status.FINISHED
+        del self.by_id[seq.request_id]
+        seq.timeline.end(reason, detail, self.tick, self.clock(), seq.generated)
+        timeline = self._record(seq.timeline)
+        self.drafts.text(seq.request, seq.stops.flush())
+        # Cached tokens are the ones its slot reused; a request that never got one reused none.
+        cached = seq.timeline.prefix_tokens
+        self.drafts.finish(seq.request, reason, detail, cached, timeline)
+        self.drafts.ended(Ended(reason, cause, seq.prompt_len, cached, seq.timeline))
+        self.drain.finished()
+
+    def _record(self, timeline: Timeline) -> dict[str, object]:
+        """Keep a finished request's timeline for queries; returns it as the API shows it."""
+        as_dict = timeline.to_dict()
+        self.recent.add(timeline.request.request_id, as_dict)
+        return as_dict
+
+    @contextmanager
+    def serving(self, seq: Sequence, step: str) -> Iterator[None]:
+        """One step of serving ``seq`` (``step`` says which, for the log). Whatever goes wrong
+        in it ends ``seq`` alone, with an error; the engine goes on."""
+        try:
+            yield
+        except EngineFatalError:
+            raise
+        except Exception as exc:
+            if seq.status is Status.FINISHED:
+                raise  # finishing it failed: an invariant of the whole engine is broken
+            self.finish(seq, FINISH_ERROR, _log_failure(seq, step, exc))
+
+
+def _log_failure(seq: Sequence, step: str, exc: Exception) -> str:
+    """One log line for a failed request; returns the detail its client gets."""
+    cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+    expected = isinstance(exc, RequestError) and cause is exc
+    log.error(
+        "request failed while %s; the engine goes on",
+        step,
+        exc_info=None if expected else cause,
+        extra=fields(request_id=seq.request_id, error=f"{type(cause).__name__}: {cause}"),
+    )
+    return str(exc) if isinstance(exc, RequestError) else f"internal error while {step}"
