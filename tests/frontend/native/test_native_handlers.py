@@ -8,9 +8,8 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
-from tests.frontend.harness import BLOCK_SIZE, MAX_QUEUE, FakeEngine, accepted, until
+from tests.frontend.harness import MAX_QUEUE, FakeEngine, accepted, until
 from tinyserve import protocol
-from tinyserve.capacity import blocks_needed
 from tinyserve.frontend.http.appkeys import CLIENT
 
 Client = TestClient[Any, Any]
@@ -162,17 +161,6 @@ async def test_queue_full_is_rejected_before_the_engine(served: Client, engine: 
     assert engine.submits == []
 
 
-async def test_kv_cache_full_is_rejected_before_the_engine(
-    served: Client, engine: FakeEngine
-) -> None:
-    # Short of blocks, it would wait in the queue: refused when the queue is full.
-    engine.publish_load(blocks_used=31, running=1, waiting=MAX_QUEUE)
-    response = await served.post("/generate", json={"prompt": "Hi", "max_tokens": BLOCK_SIZE})
-    assert (await error_of(response, 503))["reason"] == "kv_cache_full"
-    assert "Retry-After" in response.headers
-    assert engine.submits == []
-
-
 async def test_draining_engine_is_not_ready(served: Client, engine: FakeEngine) -> None:
     engine.publish_load(state=protocol.STATE_DRAINING, running=2, drain_rate=1.0)
     ready = await served.get("/ready")
@@ -185,11 +173,11 @@ async def test_draining_engine_is_not_ready(served: Client, engine: FakeEngine) 
 
 async def test_engine_rejection_is_a_503(served: Client, engine: FakeEngine) -> None:
     engine.script = lambda submit: [
-        [{"finish_reason": protocol.FINISH_REJECTED, "detail": protocol.REJECT_KV_CACHE_FULL}]
+        [{"finish_reason": protocol.FINISH_REJECTED, "detail": protocol.REJECT_QUEUE_FULL}]
     ]
     for stream in (False, True):
         response = await served.post("/generate", json={"prompt": "Hi", "stream": stream})
-        assert (await error_of(response, 503))["reason"] == "kv_cache_full"
+        assert (await error_of(response, 503))["reason"] == "queue_full"
         assert int(response.headers["Retry-After"]) >= 1
         assert response.headers["X-Request-Id"] == engine.submits[-1].request_id
 
@@ -278,12 +266,10 @@ async def test_pending_counts_until_accepted(served: Client, engine: FakeEngine)
     engine.script = slow_accept
     request = asyncio.create_task(served.post("/generate", json={"prompt": "Hi"}))
     await until(lambda: len(engine.submits) == 1)
-    submit = engine.submits[0]
-    blocks = blocks_needed(len(submit.prompt_ids) + submit.max_tokens, BLOCK_SIZE)
-    assert served.app[CLIENT].pending() == (blocks, 1)
+    assert served.app[CLIENT].pending() == 1
     request.cancel()
     await until(lambda: len(engine.cancels) == 1)
-    assert served.app[CLIENT].pending() == (0, 0)
+    assert served.app[CLIENT].pending() == 0
 
 
 async def test_malformed_update_mid_stream_still_ends_with_one_final_event(

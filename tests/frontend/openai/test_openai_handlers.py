@@ -218,11 +218,11 @@ async def test_queue_full_is_an_openai_503(served: Client, engine: FakeEngine) -
 
 async def test_engine_rejection_is_an_openai_503(served: Client, engine: FakeEngine) -> None:
     engine.script = lambda submit: [
-        [{"finish_reason": protocol.FINISH_REJECTED, "detail": protocol.REJECT_KV_CACHE_FULL}]
+        [{"finish_reason": protocol.FINISH_REJECTED, "detail": protocol.REJECT_QUEUE_FULL}]
     ]
     for stream in (False, True):
         response = await served.post("/v1/completions", json={**COMPLETION, "stream": stream})
-        assert (await openai_error(response, 503))["code"] == "kv_cache_full"
+        assert (await openai_error(response, 503))["code"] == "queue_full"
         assert int(response.headers["Retry-After"]) >= 1
 
 

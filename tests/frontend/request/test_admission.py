@@ -1,15 +1,12 @@
-"""Admission math: never-fits 400, queue_full and kv_cache_full 503s, Retry-After from drain."""
+"""Admission math: never-fits 400, queue_full 503, Retry-After from drain."""
 
 from __future__ import annotations
-
-from dataclasses import asdict
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tinyserve import protocol
-from tinyserve.capacity import blocks_needed
 from tinyserve.frontend.request.admission import (
     PROMPT_TOO_LONG,
     RETRY_MAX_S,
@@ -22,11 +19,11 @@ from tinyserve.frontend.request.admission import (
     retry_after_s,
 )
 
-LIMITS = Limits(block_size=16, blocks_total=100, max_queue=8, n_ctx=4096)
+LIMITS = Limits(max_queue=8, n_ctx=1600)
 
 
 def load(**changes: float) -> Load:
-    base = {"blocks_used": 0, "waiting": 0, "running": 0, "drain_rate": 2.0}
+    base = {"waiting": 0, "running": 0, "drain_rate": 2.0}
     base.update(changes)
     return Load(**base)  # type: ignore[arg-type]
 
@@ -36,7 +33,7 @@ def test_admits_when_there_is_room() -> None:
 
 
 def test_never_fits_is_a_400() -> None:
-    # 100 blocks of 16 tokens = 1600 tokens; 1601 can never fit, however empty the engine.
+    # A slot of 1600 cells: 1601 tokens can never fit, however empty the engine.
     rejection = admit(1000, 601, LIMITS, load())
     assert rejection is not None
     assert rejection.status == 400 and rejection.reason == protocol.REJECT_TOO_LONG
@@ -45,7 +42,7 @@ def test_never_fits_is_a_400() -> None:
 
 
 def test_over_the_context_or_the_prompt_limit_is_a_400_naming_it() -> None:
-    small = Limits(block_size=16, blocks_total=100, max_queue=8, n_ctx=100)
+    small = Limits(max_queue=8, n_ctx=100)
     assert admit(90, 10, small, load()) is None
     rejection = admit(91, 10, small, load())
     assert rejection is not None and rejection.status == 400
@@ -65,32 +62,20 @@ def test_queue_full_counts_engine_waiting_and_pending() -> None:
 
 
 def test_requests_bound_for_free_slots_do_not_count_as_queued() -> None:
-    limits = Limits(block_size=16, blocks_total=100, max_queue=2, n_ctx=4096, slots=4)
+    limits = Limits(max_queue=2, n_ctx=4096, slots=4)
     # 1 running, 3 slots free: 3 of the 4 pending go straight to a slot, 1 waits.
     assert admit(10, 6, limits, load(running=1, pending_requests=4)) is None
     assert admit(10, 6, limits, load(running=1, pending_requests=5)) is not None
     assert admit(10, 6, limits, load(running=4, waiting=2)) is not None
 
 
-def test_short_of_kv_blocks_queues_and_a_full_queue_is_kv_cache_full() -> None:
-    # need = 2 blocks; free = 100 - 90 - 8 = 2: fits. One more pending block: it waits for
-    # blocks in the queue, whose 8 places then count it whatever the free slots.
-    limits = Limits(block_size=16, blocks_total=100, max_queue=8, n_ctx=4096, slots=4)
-    assert admit(16, 16, limits, load(blocks_used=90, pending_blocks=8, waiting=8)) is None
-    short = load(blocks_used=90, pending_blocks=9, running=3)
-    assert admit(16, 16, limits, short) is None
-    assert admit(16, 16, limits, load(**{**asdict(short), "waiting": 7})) is None
-    rejection = admit(16, 16, limits, load(**{**asdict(short), "waiting": 8}))
-    assert rejection is not None
-    assert (rejection.status, rejection.reason) == (503, protocol.REJECT_KV_CACHE_FULL)
-    assert "1 are free" in rejection.message and "8 requests are queued" in rejection.message
-
-
-def test_a_full_queue_names_what_the_request_would_wait_for() -> None:
-    rejection = admit(16, 16, LIMITS, load(blocks_used=98, waiting=8))
+def test_a_long_request_waits_for_a_slot_like_any_other() -> None:
+    """Each slot has cells of its own: a request that fits one is never short of KV, only of
+    a slot, and the queue's bound alone turns it away."""
+    limits = Limits(max_queue=2, n_ctx=4096, slots=4)
+    assert admit(2000, 2000, limits, load(running=4, waiting=1)) is None
+    rejection = admit(2000, 2000, limits, load(running=4, waiting=2))
     assert rejection is not None and rejection.reason == protocol.REJECT_QUEUE_FULL
-    rejection = admit(16, 16, LIMITS, load(blocks_used=100, waiting=8))
-    assert rejection is not None and rejection.reason == protocol.REJECT_KV_CACHE_FULL
 
 
 def test_draining_engine_takes_nothing() -> None:
@@ -130,19 +115,11 @@ def test_queue_full_retry_after_grows_with_the_queue_ahead() -> None:
     assert slow.retry_after == RETRY_MAX_S
 
 
-def test_kv_full_retry_after_counts_requests_that_must_finish() -> None:
-    # 4 running requests hold all 100 blocks (25 each). Needing 31 blocks with none free means
-    # two must finish; the 8 waiting ones are served first: 10 requests at 2 per second.
-    rejection = admit(16 * 30, 16, LIMITS, load(blocks_used=100, running=4, waiting=8))
-    assert rejection is not None and rejection.reason == protocol.REJECT_KV_CACHE_FULL
-    assert rejection.retry_after == 5
-
-
 def test_engine_rejections_map_to_status() -> None:
     too_long = engine_rejection(protocol.REJECT_TOO_LONG, load())
     assert (too_long.status, too_long.retry_after) == (400, None)
-    full = engine_rejection(protocol.REJECT_KV_CACHE_FULL, load(waiting=3, drain_rate=1.0))
-    assert (full.status, full.reason, full.retry_after) == (503, "kv_cache_full", 4)
+    full = engine_rejection(protocol.REJECT_QUEUE_FULL, load(waiting=3, drain_rate=1.0))
+    assert (full.status, full.reason, full.retry_after) == (503, "queue_full", 4)
     draining = engine_rejection(protocol.REJECT_DRAINING, load())
     assert (draining.status, draining.reason) == (503, "draining")
 
@@ -150,26 +127,24 @@ def test_engine_rejections_map_to_status() -> None:
 @given(
     prompt=st.integers(1, 4000),
     max_tokens=st.integers(1, 4000),
-    used=st.integers(0, 100),
     pending=st.integers(0, 100),
     waiting=st.integers(0, 20),
     rate=st.floats(0, 100),
 )
 def test_admitted_requests_fit(
-    prompt: int, max_tokens: int, used: int, pending: int, waiting: int, rate: float
+    prompt: int, max_tokens: int, pending: int, waiting: int, rate: float
 ) -> None:
-    current = load(blocks_used=used, pending_blocks=pending, waiting=waiting, drain_rate=rate)
+    current = load(pending_requests=pending, waiting=waiting, drain_rate=rate)
     rejection = admit(prompt, max_tokens, LIMITS, current)
-    need = blocks_needed(prompt + max_tokens, LIMITS.block_size)
     if rejection is None:  # no free slots (LIMITS.slots is 0): it queues, and there is room
-        assert waiting < LIMITS.max_queue
+        assert waiting + pending < LIMITS.max_queue
+        assert prompt + max_tokens <= LIMITS.n_ctx
     elif rejection.status == 503:
-        short = need > LIMITS.blocks_total - used - pending
-        assert rejection.reason == (protocol.REJECT_KV_CACHE_FULL if short else "queue_full")
+        assert rejection.reason == protocol.REJECT_QUEUE_FULL
         assert rejection.retry_after is not None
         assert RETRY_MIN_S <= rejection.retry_after <= RETRY_MAX_S
     else:
-        assert need > LIMITS.blocks_total
+        assert prompt + max_tokens > LIMITS.n_ctx
 
 
 @pytest.mark.parametrize("rate", [0.25, 1.0, 4.0])

@@ -65,7 +65,7 @@ async def test_board_rejection_and_engine_rejection_are_told_apart(
     served: Client, engine: FakeEngine
 ) -> None:
     def rejected(_submit: protocol.Submit) -> list[Tick]:
-        return [[{"finish_reason": protocol.FINISH_REJECTED, "detail": "kv_cache_full"}]]
+        return [[{"finish_reason": protocol.FINISH_REJECTED, "detail": "draining"}]]
 
     before = await scrape(served)
     engine.script = rejected
@@ -78,7 +78,7 @@ async def test_board_rejection_and_engine_rejection_are_told_apart(
     rejections = "tinyserve_admission_rejections_total"
     assert delta(before, after, rejections, stage="frontend", reason="queue_full") == 1
     # The engine counts its own rejections (this fake one does not): nothing doubled here.
-    assert delta(before, after, rejections, stage="frontend", reason="kv_cache_full") == 0
+    assert delta(before, after, rejections, stage="frontend", reason="draining") == 0
     assert (
         delta(before, after, "tinyserve_requests_total", finish_reason="rejected", code="503") == 2
     )

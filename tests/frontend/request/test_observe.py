@@ -130,12 +130,12 @@ async def test_a_client_that_leaves_before_any_reply_is_logged_as_499(
 
 
 async def test_admission_figures_travel_in_the_submit(served: Client, engine: FakeEngine) -> None:
-    engine.publish_load(waiting=1, running=2, blocks_used=5)
+    engine.publish_load(waiting=1, running=2)
     assert (await served.post("/generate", json={"prompt": "hi", "max_tokens": 4})).status == 200
     admission = engine.submits[-1].admission
     assert admission["decision"] == "admitted"
-    assert (admission["waiting"], admission["running"], admission["blocks_used"]) == (1, 2, 5)
-    assert admission["blocks_needed"] >= 1 and admission["ms"] >= 0
+    assert (admission["waiting"], admission["running"], admission["slots"]) == (1, 2, 4)
+    assert admission["n_ctx"] > 0 and admission["ms"] >= 0
 
 
 async def test_timeline_query_the_engine_does_not_answer_is_503(

@@ -46,7 +46,7 @@ def test_finish_taken_by_the_reply_is_the_replied_finish() -> None:
 
 def test_an_end_before_acceptance_is_the_outcome_but_no_replied_finish() -> None:
     rec = record()
-    rec.finish = Finish(protocol.FINISH_REJECTED, "kv_cache_full")
+    rec.finish = Finish(protocol.FINISH_REJECTED, "queue_full")
     assert rec.replied_finish is None
 
 

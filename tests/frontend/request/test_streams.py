@@ -24,7 +24,7 @@ def joined(pieces: list[Piece]) -> str:
 
 
 async def test_accepted_then_tokens_then_finish() -> None:
-    stream = RequestStream("r1", blocks=3)
+    stream = RequestStream("r1")
     assert stream.pending
     stream.deliver(update(0, accepted=True))
     assert await stream.acknowledged() is None
@@ -42,7 +42,7 @@ async def test_accepted_then_tokens_then_finish() -> None:
 
 
 async def test_rejection_is_an_early_finish() -> None:
-    stream = RequestStream("r1", blocks=3)
+    stream = RequestStream("r1")
     stream.deliver(
         update(0, finish_reason=protocol.FINISH_REJECTED, detail=protocol.REJECT_QUEUE_FULL)
     )
@@ -53,7 +53,7 @@ async def test_rejection_is_an_early_finish() -> None:
 
 
 async def test_accepted_and_finished_in_one_update_is_not_early() -> None:
-    stream = RequestStream("r1", blocks=1)
+    stream = RequestStream("r1")
     stream.deliver(update(0, b"x", accepted=True, finish_reason=protocol.FINISH_LENGTH))
     assert await stream.acknowledged() is None
     pieces = await drain(stream)
@@ -62,7 +62,7 @@ async def test_accepted_and_finished_in_one_update_is_not_early() -> None:
 
 
 async def test_gap_ends_the_stream_with_an_error() -> None:
-    stream = RequestStream("r1", blocks=1)
+    stream = RequestStream("r1")
     stream.deliver(update(0, accepted=True))
     stream.deliver(update(1, b"a"))
     stream.deliver(update(3, b"c"))  # 2 went missing
@@ -77,14 +77,14 @@ async def test_gap_ends_the_stream_with_an_error() -> None:
 
 
 async def test_gap_before_acceptance_is_early() -> None:
-    stream = RequestStream("r1", blocks=1)
+    stream = RequestStream("r1")
     stream.deliver(update(1, accepted=True))
     early = await asyncio.wait_for(stream.acknowledged(), timeout=1)
     assert early is not None and early.reason == protocol.FINISH_ERROR
 
 
 async def test_fail_marks_engine_down_once() -> None:
-    stream = RequestStream("r1", blocks=1)
+    stream = RequestStream("r1")
     stream.deliver(update(0, accepted=True))
     stream.fail("engine unavailable: heartbeat", engine_down=True)
     stream.fail("again", engine_down=True)
@@ -97,7 +97,7 @@ async def test_fail_marks_engine_down_once() -> None:
 
 
 async def test_fail_wakes_a_waiter_for_acceptance() -> None:
-    stream = RequestStream("r1", blocks=1)
+    stream = RequestStream("r1")
     waiter = asyncio.ensure_future(stream.acknowledged())
     await asyncio.sleep(0)
     stream.fail("engine gone", engine_down=True)
@@ -107,7 +107,7 @@ async def test_fail_wakes_a_waiter_for_acceptance() -> None:
 
 @pytest.mark.parametrize("text", ["é", "€", "😀", "a😀b€c"])
 async def test_character_split_byte_by_byte_comes_out_whole(text: str) -> None:
-    stream = RequestStream("r1", blocks=1)
+    stream = RequestStream("r1")
     stream.deliver(update(0, accepted=True))
     data = text.encode()
     for i, byte in enumerate(data):
@@ -123,33 +123,33 @@ async def test_character_split_byte_by_byte_comes_out_whole(text: str) -> None:
 
 
 async def test_incomplete_tail_is_dropped_not_replaced() -> None:
-    stream = RequestStream("r1", blocks=1)
+    stream = RequestStream("r1")
     stream.deliver(update(0, b"ok" + "😀".encode()[:2], accepted=True))
     stream.deliver(update(1, finish_reason=protocol.FINISH_LENGTH))
     assert joined(await drain(stream)) == "ok"
 
 
 async def test_final_update_text_is_decoded() -> None:
-    stream = RequestStream("r1", blocks=1)
+    stream = RequestStream("r1")
     stream.deliver(update(0, b"caf", accepted=True))
     stream.deliver(update(1, "é!".encode(), finish_reason=protocol.FINISH_STOP))
     assert joined(await drain(stream)) == "café!"
 
 
 async def test_invalid_utf8_becomes_replacement_character() -> None:
-    stream = RequestStream("r1", blocks=1)
+    stream = RequestStream("r1")
     stream.deliver(update(0, b"a\xffb", accepted=True, finish_reason=protocol.FINISH_STOP))
     assert joined(await drain(stream)) == "a\ufffdb"
 
 
 async def test_tokens_without_accepted_event_count_as_accepted() -> None:
-    stream = RequestStream("r1", blocks=1)
+    stream = RequestStream("r1")
     stream.deliver(update(0, b"hi"))
     assert await stream.acknowledged() is None and stream.accepted
 
 
 async def test_a_reader_keeping_up_gets_one_piece_per_update() -> None:
-    stream = RequestStream("r1", blocks=1)
+    stream = RequestStream("r1")
     stream.deliver(update(0, accepted=True))
     pieces = stream.pieces()
     first = await anext(pieces)
@@ -162,7 +162,7 @@ async def test_a_reader_keeping_up_gets_one_piece_per_update() -> None:
 
 
 async def test_a_slow_reader_gets_merged_pieces_and_the_queue_stays_bounded() -> None:
-    stream = RequestStream("r1", blocks=1)
+    stream = RequestStream("r1")
     stream.deliver(update(0, accepted=True))
     logprob = [-0.5, [[7, -0.5]]]
     for seq in range(1, 10_001):
