@@ -3,13 +3,13 @@
 Every slot has a stream of KV cells of its own (``--ctx-per-slot``), over which its sequence
 alone attends. ``KvSpace`` is the scheduler's one door to KV state:
 
-- **At the grant** it picks the free slot and what the request reuses there. A free slot keeps
-  the cells of its last request (``SlotPrefixes``): a prompt that starts like them, a
-  conversation's next turn above all, goes to that slot and moves nothing. Otherwise the prefix
-  cache (``HostCache``) may hold the prompt's start: its blocks are joined into one saved state
-  and written into the lowest free slot. Lowest, because llama.cpp decodes in one pass only
-  rows of consecutive sequence ids (``split_equal``, sequential streams); a free slot between
-  running ones splits every step in two.
+- **At the grant** it picks the free slot and what the request reuses there, among the free
+  slots that keep the running sequences' ids together (llama.cpp decodes in one pass only rows
+  of consecutive sequence ids: ``resident.py``). A free slot keeps the cells of its last
+  request (``SlotPrefixes``): a prompt that starts like them, a conversation's next turn above
+  all, goes to that slot and moves nothing. Otherwise the prefix cache (``HostCache``) may hold
+  more of the prompt's start: its blocks are joined into one saved state and written into the
+  slot whose cells matter least.
 - **At the finish** the slot's full blocks go to the cache (those it does not hold yet), and
   the slot keeps its cells for the next grant. After a failure the cells are dropped.
 
@@ -85,15 +85,16 @@ class KvSpace:
         """Choose ``seq``'s slot among ``free`` and put in its cells what it reuses."""
         # NOTE: a follower takes its leader's cells and a request that wants prompt logprobs
         # prefills every position (cached positions have no logits): neither reuses.
+        offered = self.kept.offered(free)
         if seq.leader is not None or prompt_logprobs.wanted(seq):
             seq.timeline.prefix_recomputed = self.hint(seq.request.prompt_ids)
-            return self._keep(free[0], 0)
+            return self._keep(self.kept.spare(offered), 0)
         prompt = seq.request.prompt_ids
-        slot, kept = self.kept.choose(prompt, free)
+        slot, kept = self.kept.choose(prompt, offered)
         hit = self._call(seq, "looking the prompt up", lambda c: c.lookup(prompt), NO_HIT)
         reuse = None
         if hit.n_tokens > kept:
-            reuse = self._restore(seq, free[0], hit)
+            reuse = self._restore(seq, self.kept.spare(offered), hit)
         reuse = reuse or self._keep(slot, kept)
         self._count(prompt, reuse)
         return reuse
@@ -134,7 +135,7 @@ class KvSpace:
 
     def _keep(self, slot: int, tokens: int) -> Reuse:
         """``slot`` keeps the first ``tokens`` of its cells for the request; the rest go."""
-        self.kept.take(slot, tokens)
+        self.kept.take(slot)
         self.runtime.forget(slot, tokens)
         return Reuse(slot, tokens, TIER_SLOT if tokens else "")
 
@@ -148,7 +149,7 @@ class KvSpace:
         if not self._call(seq, "restoring its prefix", load, False):
             log.warning("prefix cache restore refused", extra=fields(request_id=seq.request_id))
             return None
-        self.kept.take(slot, 0)
+        self.kept.take(slot)
         tier = TIER_DISK if hit.disk_tokens * 2 > hit.n_tokens else TIER_HOST
         return Reuse(slot, hit.n_tokens, tier, time.perf_counter_ns() - started)
 

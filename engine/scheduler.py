@@ -166,10 +166,10 @@ class Scheduler:
         forks.on_grant(seq, self.kv.runtime)
 
     def _plan(self) -> list[Row]:
-        """Decode rows first (one token each, in slot order: llama.cpp decodes rows of
-        consecutive sequence ids in one pass), then prefill chunks within the token budget."""
-        decoding = [s for s in self.running if s.status is Status.DECODE]
-        plan = [Row(seq, 1, True) for seq in sorted(decoding, key=lambda s: s.slot)]
+        """Every decoding sequence's token first, then prefill chunks within the token budget
+        (in grant order); the rows go to llama.cpp in slot order, since it decodes rows of
+        consecutive sequence ids in one pass and splits the batch wherever the order breaks."""
+        plan = [Row(seq, 1, True) for seq in self.running if seq.status is Status.DECODE]
         budget = min(self.config.max_batch_tokens, self.kv.runtime.batch.capacity)
         used = len(plan)
         for seq in self.running:
@@ -180,7 +180,7 @@ class Scheduler:
             last = seq.n_past + n == seq.prompt_len
             plan.append(Row(seq, n, last and seq.request.max_tokens > 0))
             used += n
-        return plan
+        return sorted(plan, key=lambda row: row.seq.slot)
 
     # -- one tick: after the decode ----------------------------------------------------------
 

@@ -80,6 +80,9 @@ class Node:
             # machine, the test client and frontends preempting a spinning thread made
             # single requests up to 20x slower (measured), and timing-sensitive tests flaky.
             *(() if "--threads" in flags else ("--threads", "1")),
+            # A slot's KV cells are allocated (and written) up front: 1024 each unless a test
+            # asks otherwise, not the model's 4096, so that a node starts in about a second.
+            *(() if "--ctx-per-slot" in flags else ("--ctx-per-slot", "1024")),
             *flags,
         ]
         self.process: subprocess.Popen[bytes] | None = None

@@ -31,7 +31,7 @@ SENT: list[str] = []  # every request id this module sent, whichever test ran fi
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     chromium_or_skip()  # before the node: a skip costs nothing
-    flags = ("--slots", str(SLOTS), "--ctx", "2048", "--max-queue", "32", "--api-key", KEY)
+    flags = ("--slots", str(SLOTS), "--ctx-per-slot", "512", "--max-queue", "32", "--api-key", KEY)
     running = Node(tmp_path_factory.mktemp("dashboard"), *flags, frontends=2).start()
     yield running
     assert running.stop() == 0

@@ -29,7 +29,8 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    flags = ("--slots", str(SLOTS), "--ctx", "1024", "--max-queue", "16", "--policy", "fifo")
+    flags = ("--slots", str(SLOTS), "--ctx-per-slot", "256", "--max-queue", "16")
+    flags += ("--policy", "fifo")
     running = Node(tmp_path_factory.mktemp("feed"), *flags, frontends=2).start()
     yield running
     assert running.stop() == 0

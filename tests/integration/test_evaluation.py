@@ -44,7 +44,7 @@ PROMPT = "The quick brown fox jumps over the lazy dog. The dog was not amused, a
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     # Batches under 64 rows: llama.cpp's kernel for bigger ones rounds differently (above).
-    flags = ("--slots", "4", "--ctx", "2048", "--chunk", "48", "--max-batch-tokens", "48")
+    flags = ("--slots", "4", "--ctx-per-slot", "2048", "--chunk", "48", "--max-batch-tokens", "48")
     running = Node(tmp_path_factory.mktemp("evaluation"), *flags, frontends=1).start()
     yield running
     assert running.stop() == 0

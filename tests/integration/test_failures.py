@@ -34,7 +34,10 @@ pytestmark = pytest.mark.integration
     ("flags", "named"),
     [
         (("--slots", "300", "--max-batch-tokens", "256"), ("--slots 300", "--max-batch-tokens")),
-        (("--block-size", "8192", "--ctx", "4096"), ("--block-size 8192", "--ctx 4096")),
+        (
+            ("--block-size", "8192", "--ctx-per-slot", "4096"),
+            ("--block-size 8192", "--ctx-per-slot 4096"),
+        ),
     ],
 )
 def test_settings_that_cannot_work_are_refused_in_one_line(
@@ -56,7 +59,7 @@ FRONTEND_ID = "e" * 32
 
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[EngineProcess]:
-    settings = {"runtime_dir": str(tmp_path / "run"), "ctx": 512, "slots": 2, "threads": 1}
+    settings = {"runtime_dir": str(tmp_path / "run"), "ctx_per_slot": 256, "slots": 2, "threads": 1}
     config = build_config(settings, environ={})
     prepare_runtime_dir(config.runtime_dir)
     process = EngineProcess(config)

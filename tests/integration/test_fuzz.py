@@ -3,7 +3,7 @@
 Every documented operation gets ``CASES`` generated requests per generation mode: positive
 (valid by the document) and, for operations that take input, negative (invalid by it), all
 derandomized so a run is reproducible. The node has small limits (``--max-tokens-limit 8``,
-``--ctx 256``, two slots) so each generated request costs little.
+``--ctx-per-slot 256``, two slots) so each generated request costs little.
 
 What every case must show:
 - an answer within ``REQUEST_TIMEOUT_S`` (no hang) that is not a 5xx, except a 503 admission
@@ -46,9 +46,9 @@ CASES = 40  # generated requests per operation and mode (Hypothesis stops early 
 REQUEST_TIMEOUT_S = 30.0
 NODE_FLAGS = (
     *("--max-tokens-limit", "8", "--default-max-tokens", "4"),
-    *("--ctx", "256", "--slots", "2", "--max-queue", "4"),
+    *("--ctx-per-slot", "256", "--slots", "2", "--max-queue", "4"),
 )
-ADMISSION_REASONS = {"queue_full", "kv_cache_full"}
+ADMISSION_REASONS = {"queue_full"}
 # Refusals of valid-looking input that depend on the served model or the prompt's token count,
 # which the document cannot know.
 MODEL_DEPENDENT_TYPES = {"context_length_exceeded", "prompt_too_long"}

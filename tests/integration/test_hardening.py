@@ -36,7 +36,7 @@ COUNTING = "1, 2, 3, 4, 5,"
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    flags = ["--slots", "2", "--ctx", "2048", "--write-timeout", str(WRITE_TIMEOUT_S)]
+    flags = ["--slots", "2", "--ctx-per-slot", "2048", "--write-timeout", str(WRITE_TIMEOUT_S)]
     for key in KEYS:
         flags += ["--api-key", key]
     # Started under umask 0: whatever the node creates must still be closed to others.

@@ -1,10 +1,11 @@
-"""The host-memory tier and the prefix cache kept across restarts, on real nodes.
+"""The prefix cache in host memory and kept across restarts, on real nodes.
 
-A node with a small context (``--ctx 512``: 32 blocks) evicts a conversation's blocks while
-serving others; its next turn is then served from host memory. Stopped (SIGTERM), a node
-writes its cache to ``--cache-dir``; a node started on that directory serves the next turn
-from the KV it read, with the output of a node that never stopped; damaged files are skipped
-with a log line and the node serves as a cold one.
+A node with one slot serves other conversations after a first turn, so the slot no longer
+keeps it; its next turn is then served from the prefix cache in host memory, with what the
+slot would have given. Stopped (SIGTERM), a node writes its cache to ``--cache-dir``; a node
+started on that directory serves the next turn from the KV it read, with the output of a node
+that never stopped; damaged files are skipped with a log line and the node serves as a cold
+one.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .node import Node, generate
 
 pytestmark = pytest.mark.integration
 
-FLAGS = ("--ctx", "512", "--cache-seqs", "4", "--frontends", "1")
+FLAGS = ("--slots", "1", "--ctx-per-slot", "512", "--frontends", "1")
 SYSTEM = (
     "You are a careful assistant for a small museum of maritime history. Answer visitors' "
     "questions about ships, harbours, lighthouses and navigation in two short sentences. "
@@ -48,7 +49,7 @@ def start(workdir: Path, *flags: str) -> Node:
 
 @pytest.fixture(scope="module")
 def cold_turn2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, Any]]]:
-    """What a node that never stopped answers: turn 1, then turn 2 from its cells."""
+    """What a node that never stopped answers: turn 1, then turn 2 from its slot's cells."""
     node = start(tmp_path_factory.mktemp("never_stopped"))
     try:
         first = asyncio.run(ask(node.url, greedy(TURN1)))
@@ -60,22 +61,24 @@ def cold_turn2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
         assert node.stop() == 0
 
 
-async def test_an_evicted_conversation_comes_back_from_host_memory(
+async def test_a_conversation_its_slot_forgot_comes_back_from_host_memory(
     tmp_path: Path, cold_turn2: tuple[str, dict[str, Any]]
 ) -> None:
-    """Its blocks evicted by eight other conversations, the next turn gets them back from
-    host memory: the same blocks as a node that kept them in cells, and the same text."""
+    """The one slot serves other conversations between its turns; the next turn gets its
+    history back from host memory: as many tokens as the slot would have kept, and the same
+    text."""
     turn2, expected = cold_turn2
     node = start(tmp_path)
     try:
         first = await ask(node.url, greedy(TURN1))
-        for i in range(8):  # 8 other conversations of ~8 blocks each: more than 32 blocks
-            await ask(node.url, greedy(f"Topic {i}. {SYSTEM * 2}\nVisitor: hello {i}\nGuide:", 4))
+        for i in range(3):
+            await ask(node.url, greedy(f"Topic {i}.\nVisitor: hello {i}\nGuide:", 4))
         assert TURN1 + first["text"] + TURN2_USER == turn2
         second = await ask(node.url, greedy(turn2))
-        restore = second["timeline"].get("host_restore")
+        restore = second["timeline"].get("restore")
         assert restore is not None, second["timeline"]
-        assert 0 < restore["tokens"] <= second["usage"]["cached_tokens"]
+        assert restore["tier"] == "host"
+        assert restore["tokens"] == second["usage"]["cached_tokens"]
         assert second["usage"]["cached_tokens"] == expected["usage"]["cached_tokens"]
         assert second["text"] == expected["text"]
         async with aiohttp.ClientSession() as s, s.get(node.url + "/metrics") as resp:
@@ -83,7 +86,7 @@ async def test_an_evicted_conversation_comes_back_from_host_memory(
         hit = [
             line
             for line in text.splitlines()
-            if line.startswith("tinyserve_prefix_cache_host_hit_tokens_total")
+            if line.startswith('tinyserve_prefix_cache_hit_tokens_total{tier="host"}')
         ]
         assert hit and float(hit[0].split()[-1]) >= restore["tokens"], hit
     finally:
@@ -109,7 +112,8 @@ async def test_a_restarted_node_answers_from_the_kv_it_kept(
     finally:
         assert node.stop() == 0
     assert second["usage"]["cached_tokens"] == expected["usage"]["cached_tokens"] > 0
-    assert second["timeline"]["host_restore"]["tokens"] == second["usage"]["cached_tokens"]
+    restore = second["timeline"]["restore"]
+    assert (restore["tier"], restore["tokens"]) == ("disk", second["usage"]["cached_tokens"])
     assert second["text"] == expected["text"]
 
 
@@ -139,5 +143,5 @@ async def test_damaged_cache_files_are_skipped_and_the_node_serves(
     assert any("checksum mismatch" in line for line in skipped)
     assert any("truncated" in line for line in skipped)
     assert second["usage"]["cached_tokens"] == 0  # nothing was read: prefilled cold
-    assert "host_restore" not in second["timeline"]
+    assert "restore" not in second["timeline"]
     assert second["finish_reason"] in {"length", "stop"}

@@ -26,7 +26,7 @@ from tinyserve.model import default_model_path
 
 pytestmark = pytest.mark.integration
 
-SMALL = ("--ctx", "1024")  # a small KV cache: the model loads faster
+SMALL = ("--ctx-per-slot", "256")  # a small KV cache: the model loads faster
 WATCHDOG_S = 3
 LONG = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 500, "ignore_eos": True}
 CLI = [sys.executable, "-m", "tinyserve.cli"]

@@ -34,7 +34,7 @@ DEPTH = 100_000  # far past Python's recursion limit (1000)
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    flags = ("--max-tokens-limit", "8", "--default-max-tokens", "4", "--ctx", "512")
+    flags = ("--max-tokens-limit", "8", "--default-max-tokens", "4", "--ctx-per-slot", "512")
     running = Node(tmp_path_factory.mktemp("malformed"), *flags, frontends=1).start()
     yield running
     assert running.stop() == 0

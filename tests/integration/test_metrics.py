@@ -36,7 +36,6 @@ NODE_WIDE = (
     "tinyserve_request_generation_tokens_sum",
     "tinyserve_request_prompt_tokens_sum",
     "tinyserve_queue_wait_seconds_count",
-    "tinyserve_kv_wait_seconds_count",
     "tinyserve_prefix_cache_lookups_total",
 )
 

@@ -21,7 +21,7 @@ HYPHEN = "\uff0d"
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    running = Node(tmp_path_factory.mktemp("node"), "--slots", "8", "--ctx", "2048").start()
+    running = Node(tmp_path_factory.mktemp("node"), "--slots", "8").start()
     yield running
     assert running.stop() == 0
 

@@ -32,7 +32,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     workdir = tmp_path_factory.mktemp("openai")
     # The node requires a key; the clients below send it the way the openai client does.
     (workdir / "keys").write_text(f"# test keys\n{API_KEY}\n")
-    flags = ("--slots", "4", "--ctx", "2048", "--api-key-file", str(workdir / "keys"))
+    flags = ("--slots", "4", "--ctx-per-slot", "2048", "--api-key-file", str(workdir / "keys"))
     running = Node(workdir, *flags, *ENGINE_THREADS).start()
     yield running
     assert running.stop() == 0

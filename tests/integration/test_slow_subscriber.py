@@ -23,7 +23,7 @@ STREAMS = 64
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     running = Node(
-        tmp_path_factory.mktemp("slow"), "--ctx", "2048", "--max-queue", "64", frontends=1
+        tmp_path_factory.mktemp("slow"), "--ctx-per-slot", "256", "--max-queue", "64", frontends=1
     ).start()
     yield running
     assert running.stop() == 0

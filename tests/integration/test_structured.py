@@ -72,7 +72,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     workdir = tmp_path_factory.mktemp("structured")
-    running = Node(workdir, "--slots", "4", "--ctx", "2048", "--threads", "1").start()
+    running = Node(workdir, "--slots", "4", "--ctx-per-slot", "2048", "--threads", "1").start()
     yield running
     assert running.stop() == 0
 

@@ -33,7 +33,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         "1",
         "--chunk",
         str(CHUNK),
-        "--ctx",
+        "--ctx-per-slot",
         "1024",
         "--policy",
         "fifo",

@@ -50,7 +50,7 @@ def tracing(exporter: InMemorySpanExporter) -> Tracing:
 def config(tmp_path_factory: pytest.TempPathFactory) -> Config:
     settings = {
         "runtime_dir": str(tmp_path_factory.mktemp("tracing") / "run"),
-        "ctx": 512,
+        "ctx_per_slot": 512,
         "slots": 1,
         "chunk": CHUNK,
         "max_batch_tokens": 64,
