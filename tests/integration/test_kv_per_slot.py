@@ -98,9 +98,10 @@ async def test_a_conversation_that_comes_back_to_its_slot_moves_nothing(node: No
         async with s.get(f"{node.url}/v1/requests/{request_id}") as resp:
             timeline = await resp.json()
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-    assert timeline["prefix_reused_tokens"] == second["usage"]["prompt_tokens_details"][
-        "cached_tokens"
-    ]
+    assert (
+        timeline["prefix_reused_tokens"]
+        == second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    )
     assert "restore" not in timeline  # its slot kept it: nothing was copied
 
 
