@@ -2,9 +2,11 @@
 
 Builds ``llama-server`` once from the llama.cpp sources vendored in the installed
 llama-cpp-python (its sdist, unpacked and compiled under ``build/llama-server/``), starts it and
-a TinyServe node with matching settings (model, llama.cpp threads, context, slots, batch), and
-drives both with the same streaming OpenAI-API client, alternately (A then B, then B then A),
-for ``--rounds`` rounds of every load point:
+a TinyServe node with matching settings (model, llama.cpp threads, slots, batch, and the same
+KV cells per slot: ``-c`` is ``--slots`` x ``--ctx-per-slot`` for llama-server, whose slots
+then have a stream of cells each, as TinyServe's), and drives both with the same streaming
+OpenAI-API client, alternately (A then B, then B then A), for ``--rounds`` rounds of every load
+point:
 
 - ``closed``: C clients each sending requests back to back (C from ``--concurrency``);
 - ``poisson``: requests arriving at random (exponential gaps) at each rate of ``--rates``;
@@ -21,8 +23,7 @@ Writes ``bench/results/vs_llama_server.csv`` (one row per server, load point and
 
     .venv/bin/python bench/vs_llama_server.py                       # everything, ~25 min
     .venv/bin/python bench/vs_llama_server.py --workloads closed --concurrency 8 --rounds 4
-    # the same KV layout as llama-server's default (ctx/slots cells per slot):
-    .venv/bin/python bench/vs_llama_server.py --tinyserve-flag=--kv-layout=slots
+    .venv/bin/python bench/vs_llama_server.py --workloads chat --max-tokens 256
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def start_llama_server(args: argparse.Namespace, model_path: Path) -> Server:
     argv = [
         str(llama_server_binary()), "-m", str(model_path), "--host", "127.0.0.1",
         "--port", str(port), "-t", str(args.threads), "-tb", str(args.threads),
-        "-c", str(args.ctx), "-np", str(args.slots), "-b", "512", "-ub", "512",
+        "-c", str(args.slots * args.ctx_per_slot), "-np", str(args.slots),
+        "-b", "512", "-ub", "512",
         *([] if repack_weights("auto") else ["--no-repack"]),  # weights loaded as ours are
         *args.llama_server_flag,
     ]  # fmt: skip
@@ -150,8 +152,9 @@ def start_tinyserve(
     args: argparse.Namespace, model_path: Path, name: str = "tinyserve", code: Path | None = None
 ) -> Server:
     """A node with ``args``' settings; ``code``: another version's (``common.code_at``)."""
-    flags = ["--model", str(model_path), "--threads", str(args.threads), "--ctx", str(args.ctx)]
-    flags += ["--slots", str(args.slots), "--max-queue", "1024", *args.tinyserve_flag]
+    flags = ["--model", str(model_path), "--threads", str(args.threads)]
+    flags += ["--ctx-per-slot", str(args.ctx_per_slot), "--slots", str(args.slots)]
+    flags += ["--max-queue", "1024", *args.tinyserve_flag]
     node = start_node(*flags, frontends=args.frontends, code=code)
     return Server(name, node.url, pid=node.process.pid, stop=lambda: node.stop(check=False))
 
@@ -475,7 +478,7 @@ def load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=4, help="chat: turns per conversation")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--ctx", type=int, default=4096)
+    parser.add_argument("--ctx-per-slot", type=int, default=4096, help="KV cells of each slot")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--frontends", type=int, default=2)
     parser.add_argument("--slo-ttft-ms", type=float, default=2000.0)
@@ -503,7 +506,7 @@ def main() -> None:
         default=[],
         metavar="FLAG",
         help="an extra flag for llama-server, repeatable (--llama-server-flag=-kvu: one KV "
-        "cache shared by all slots, as TinyServe's; by default each slot has ctx/slots cells)",
+        "cache shared by all slots; by default each slot has cells of its own, as TinyServe's)",
     )
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument(
@@ -520,7 +523,8 @@ def main() -> None:
     llama_server_binary()  # build first, so the servers' start is not timed against a compile
     servers = [start_llama_server(args, model_path), start_tinyserve(args, model_path)]
     print(
-        f"model {model_path.name}; threads {args.threads}; ctx {args.ctx}; slots {args.slots}; "
+        f"model {model_path.name}; threads {args.threads}; {args.slots} slots of "
+        f"{args.ctx_per_slot} KV cells each; "
         f"TinyServe frontends {args.frontends}; {args.rounds} rounds, order alternating"
     )
     try:
