@@ -13,7 +13,7 @@ waiting one is never granted a slot; a running one keeps the tokens it already s
 
 from __future__ import annotations
 
-from tinyserve.engine.policies import HeapPolicy
+from tinyserve.engine.heap_policy import HeapPolicy
 from tinyserve.engine.report import RULE_DEADLINE
 from tinyserve.engine.sequence import Sequence
 from tinyserve.protocol import Submit

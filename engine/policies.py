@@ -6,14 +6,14 @@ lever a policy has is the order in which waiting requests are admitted into free
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterator
 from typing import Protocol
 
-from tinyserve.engine.report import RULE_ARRIVAL, RULE_PRIORITY
-from tinyserve.engine.sequence import Sequence, Status
-
-PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = -10, 10, 0
+from tinyserve.engine.deadline import DeadlinePolicy
+from tinyserve.engine.heap_policy import FifoPolicy, HeapPolicy, PriorityPolicy
+from tinyserve.engine.sequence import Sequence
+from tinyserve.engine.srpt import DEFAULT_AGING, SrptPolicy
+from tinyserve.engine.wfq import WfqPolicy
 
 
 class Policy(Protocol):
@@ -46,90 +46,11 @@ class Policy(Protocol):
         """The waiting requests, in no particular order."""
 
 
-class HeapPolicy:
-    """Admits the waiting request with the smallest ``key``; subclasses choose the key.
-
-    Requests that leave while waiting stay in the heap and are skipped when they surface
-    (their status is no longer WAITING), so ``remove`` is O(1).
-    """
-
-    name = "heap"
-    rule_kind = RULE_ARRIVAL
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[tuple[int, ...], Sequence]] = []
-        self._waiting = 0
-
-    def key(self, seq: Sequence) -> tuple[int, ...]:
-        raise NotImplementedError
-
-    def rule(self, seq: Sequence) -> str:
-        raise NotImplementedError
-
-    def add(self, seq: Sequence) -> None:
-        heapq.heappush(self._heap, (self.key(seq), seq))
-        self._waiting += 1
-
-    def pop_next(self) -> Sequence | None:
-        while self._heap:
-            _, seq = heapq.heappop(self._heap)
-            if seq.status is Status.WAITING:
-                self._waiting -= 1
-                return seq
-        return None
-
-    def charge(self, seq: Sequence, tokens: int) -> None:
-        """Order does not depend on service received."""
-
-    def remove(self, seq: Sequence) -> None:
-        if seq.status is Status.WAITING:
-            self._waiting -= 1
-
-    def __len__(self) -> int:
-        return self._waiting
-
-    def __iter__(self) -> Iterator[Sequence]:
-        return (seq for _, seq in self._heap if seq.status is Status.WAITING)
-
-
-class FifoPolicy(HeapPolicy):
-    """Arrival order at the engine."""
-
-    name = "fifo"
-
-    def key(self, seq: Sequence) -> tuple[int, ...]:
-        return (seq.order,)
-
-    def rule(self, seq: Sequence) -> str:
-        return "arrival"
-
-
-class PriorityPolicy(HeapPolicy):
-    """Larger ``priority`` first, arrival order among equals.
-
-    Strict: while higher-priority requests keep arriving, lower ones wait indefinitely
-    (only ``--queue-timeout`` ends their wait). That starvation is the price of the policy.
-    """
-
-    name = "priority"
-    rule_kind = RULE_PRIORITY
-
-    def key(self, seq: Sequence) -> tuple[int, ...]:
-        return (-seq.request.priority, seq.order)
-
-    def rule(self, seq: Sequence) -> str:
-        return f"priority={seq.request.priority}"
-
-
 def make_policy(
     name: str, weights: dict[str, float] | None = None, srpt_aging: float | None = None
 ) -> Policy:
     """The policy named by ``--policy``; ``weights`` are WFQ's tenant weights, ``srpt_aging``
     SRPT's tokens forgiven per second waited (None: its default)."""
-    from tinyserve.engine.deadline import DeadlinePolicy
-    from tinyserve.engine.srpt import DEFAULT_AGING, SrptPolicy
-    from tinyserve.engine.wfq import WfqPolicy
-
     if name == "wfq":
         return WfqPolicy(weights)
     if name == "srpt":

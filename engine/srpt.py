@@ -16,7 +16,7 @@ short ones.
 
 from __future__ import annotations
 
-from tinyserve.engine.policies import HeapPolicy
+from tinyserve.engine.heap_policy import HeapPolicy
 from tinyserve.engine.report import RULE_WORK
 from tinyserve.engine.sequence import Sequence
 
