@@ -42,7 +42,7 @@ lint: setup
 	# mypy cannot follow the editable install's folder mapping (engine/ -> tinyserve.engine),
 	# so it checks a package-shaped tree of links to the sources.
 	rm -rf build/typecheck && mkdir -p build/typecheck/tinyserve
-	ln -s $(CURDIR)/tinyserve/*.py build/typecheck/tinyserve/
+	ln -s $(CURDIR)/tinyserve/*.py $(CURDIR)/tinyserve/cli build/typecheck/tinyserve/
 	ln -s $(CURDIR)/engine build/typecheck/tinyserve/engine
 	ln -s $(CURDIR)/frontend build/typecheck/tinyserve/frontend
 	ln -s $(CURDIR)/tinyserve_native build/typecheck/tinyserve_native

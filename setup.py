@@ -21,6 +21,7 @@ extensions = [
 setup(
     packages=[
         "tinyserve",
+        "tinyserve.cli",
         "tinyserve.engine",
         "tinyserve.frontend",
         "tinyserve.frontend.dashboard",

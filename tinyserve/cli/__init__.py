@@ -1,10 +1,12 @@
-"""``tinyserve serve|engine|frontend``: one console script, one subcommand per process kind."""
+"""``tinyserve serve|engine|frontend``: one console script, one subcommand per process kind.
+
+A package of its own, above the rest: it is the one place that imports both the engine and
+the frontend (``bench/import_cycles.py`` finds no folder that imports back)."""
 
 from __future__ import annotations
 
 import argparse
 import faulthandler
-import sys
 from collections.abc import Sequence
 
 from tinyserve.config import ENGINE, FRONTEND, SERVE, add_arguments, build_config
@@ -37,7 +39,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tinyserve.launcher import run as run_launcher
 
     return run_launcher(config)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
