@@ -159,10 +159,11 @@ class ChatTemplate:
         prompt = whole if continue_final_message else real
         return ChatPrompt((PromptPart(prompt, True),), _field("messages", texts) + checked)
 
-    def reply_parser(self, prompt: ChatPrompt, tools: bool, reasoning: bool) -> ReplyParser:
+    def reply_parser(self, prompt: ChatPrompt, tools: bool, reasoning_format: str) -> ReplyParser:
         """How the reply to ``prompt`` is read: for tool calls in this template's syntax when
-        ``tools`` were offered, for thinking in its tags unless ``reasoning`` is off."""
-        tags = self.reasoning_tags if reasoning else None
+        ``tools`` were offered, for thinking in its tags unless ``reasoning_format`` (the
+        flag's) is ``none``."""
+        tags = None if reasoning_format == "none" else self.reasoning_tags
         opened = tags is not None and tags.opened_by(prompt.text)
         return ReplyParser(self.tool_syntax if tools else None, tags, opened)
 

@@ -79,7 +79,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     chat = req.conversation.render(template)
     # Tokenized here, in parts: the messages' text must never become control tokens.
     prompt_ids = await request.app[TOKENIZER].tokenize_chat(chat)
-    parser = template.reply_parser(chat, req.calls_tools, config.reasoning_format != "none")
+    parser = template.reply_parser(chat, req.calls_tools, config.reasoning_format)
     generation = dataclasses.replace(req.generation(config), prompt=chat.text)
     generation = with_defaults(generation, req, _defaults(request))
     generation = await constrained(request, generation, req.reply_constraint(parser))
