@@ -253,6 +253,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_connections", _nnint, 256, "requests in progress per frontend (0: any)", _FE),
     Option("write_timeout", _nnfloat, 30.0, "seconds a stalled client may block (0: none)", _FE),
     Option("body_timeout", _nnfloat, 30.0, "seconds to send a request body (0: none)", _FE),
+    Option(
+        "reasoning_format",
+        str,
+        "auto",
+        "a chat reply's thinking (<think>...</think>, or the template's tags) in "
+        "reasoning_content; none: left in the content",
+        _FE,
+        ("auto", "none"),
+    ),
     # launcher
     Option("frontends", _pint, 2, "frontend processes to start", _SRV),
     Option("restart_limit", _nnint, 5, "restarts of a process per --restart-interval", _SRV),
@@ -315,6 +324,7 @@ class Config:
     max_connections: int
     write_timeout: float
     body_timeout: float
+    reasoning_format: str
 
     @property
     def engine_in(self) -> str:

@@ -2,8 +2,8 @@
 
 Roles: system, user, assistant, tool, and ``developer`` (OpenAI's newer name for system)
 taken as system. Content: a string, or a list of text parts joined by newlines; other part
-types are 400s. Tools, tool calls and tool results are rendered in the generic format of
-``structured.tool_calls``.
+types are 400s. Tools, tool calls and tool results go to a template with its own tool syntax
+as Hugging Face passes them, and to any other in the generic format (``structured.tool_calls``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from tinyserve.frontend.openai.chat_template import ChatTemplate
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.tokenizer import ChatPrompt
 from tinyserve.frontend.structured import tool_calls
-from tinyserve.frontend.structured.constraints import Constraint, response_format_constraint
+from tinyserve.frontend.structured.constraints import Constraint
+from tinyserve.frontend.structured.reply_parser import ReplyParser
 
 
 class TextPart(Body):
@@ -105,25 +106,31 @@ class ChatMessage(Body):
             raise cross_field("tool_call_id", "a tool message needs 'tool_call_id'")
         return self
 
-    def for_template(self) -> TemplateMessage:
-        """This message as the chat template takes it (tool calls and results in the generic
-        format: a tool's result is a user message)."""
+    def for_template(self, own_tools: bool = False) -> TemplateMessage:
+        """This message as the chat template takes it: tool calls and results as they are
+        for a template with ``own_tools`` syntax, else in the generic format (a call in the
+        text, a tool's result a user message)."""
         content = self.content or ""
         text = content if isinstance(content, str) else "\n".join(p.text for p in content)
+        role = "system" if self.role == "developer" else self.role
+        calls = self.tool_calls or []
+        if own_tools:
+            call_dicts = tuple(tool_calls.template_call(call) for call in calls)
+            return TemplateMessage(role, text, self.name, call_dicts, self.tool_call_id)
         if self.role == "tool":
             return TemplateMessage("user", tool_calls.response_text(text), self.name)
-        if self.tool_calls:
-            calls = "\n".join(tool_calls.call_text(call) for call in self.tool_calls)
-            text = f"{text}\n{calls}" if text else calls
-        return TemplateMessage("system" if self.role == "developer" else self.role, text, self.name)
+        if calls:
+            written = "\n".join(tool_calls.call_text(call) for call in calls)
+            text = f"{text}\n{written}" if text else written
+        return TemplateMessage(role, text, self.name)
 
 
 # Not in the document, checked here (the fields' descriptions say them): max_tokens and
 # max_completion_tokens agree when both are given; continue_final_message needs a final
 # assistant message; tools name each function once; a named tool_choice is one of them.
-# Also that response_format excludes tools: JSON Schema can say it, but a fifth conditional
-# takes the document past what schemathesis can generate requests from (tests/integration/
-# test_fuzz.py).
+# Also that response_format excludes tools, and grammar a response_format other than text and
+# a tool_choice other than auto: JSON Schema can say it, but more conditionals take the
+# document past what schemathesis can generate requests from (tests/integration/test_fuzz.py).
 _A_TOOL_CHOICE = {"anyOf": [{"enum": ["auto", "required"]}, {"type": "object"}]}
 # The rules of a Conversation's fields that the document states (chat and /tokenize).
 CONVERSATION_RULES = [
@@ -217,9 +224,11 @@ class ChatCompletionRequest(OpenAIRequest, ConversationFields):
             message = "'max_tokens' and 'max_completion_tokens' differ"
             raise cross_field("max_completion_tokens", message)
         self.conversation.check()
-        text = self.response_format is None or self.response_format.type == "text"
-        if self.calls_tools and not text:
+        if self.calls_tools and not self.text_format:
             raise cross_field("response_format", "'response_format' excludes 'tools'")
+        if self.grammar and self.calls_tools and self.tool_choice not in (None, "auto"):
+            message = "'grammar' replaces the tools' grammar of tool_choice auto only"
+            raise cross_field("grammar", message)
         return self
 
     @property
@@ -231,13 +240,19 @@ class ChatCompletionRequest(OpenAIRequest, ConversationFields):
         """The reply may be tool calls: tools offered, and ``tool_choice`` not none."""
         return self.conversation.calls_tools
 
-    def constraint(self) -> Constraint:
-        """The grammar of a reply that may call tools, else the ``response_format``'s."""
-        if not self.calls_tools:
-            return response_format_constraint(self.response_format)
-        choice = self.tool_choice or "auto"
-        grammar = tool_calls.tools_grammar(self.tools, choice, self.parallel_tool_calls)
-        return Constraint("tools", grammar=grammar, tools=True)
+    def reply_constraint(self, parser: ReplyParser) -> Constraint:
+        """The request's ``grammar``, else the grammar of a reply that may call tools (in the
+        syntax ``parser`` reads), else the ``response_format``'s; those built here begin as
+        ``parser`` says (``ReplyParser.grammar_prefix``)."""
+        if self.grammar or not self.calls_tools:
+            constraint = self.constraint()
+        else:
+            assert parser.tools is not None, "the parser of a reply that may call tools"
+            choice = self.tool_choice or "auto"
+            parallel = self.parallel_tool_calls
+            grammar = tool_calls.tools_grammar(self.tools, choice, parallel, parser.tools)
+            constraint = Constraint("tools", grammar=grammar, tools=True)
+        return replace(constraint, prefix=parser.grammar_prefix)
 
     def generation(self, config: Config) -> Generation:
         """The request with every default resolved; the prompt is empty until the messages
@@ -287,18 +302,25 @@ class Conversation:
         return self.add_generation_prompt
 
     def render(self, template: ChatTemplate) -> ChatPrompt:
-        """The prompt: ``template`` applied as these fields say."""
+        """The prompt: ``template`` applied as these fields say, given the tools itself when
+        it has its own tool syntax."""
+        own_tools = template.tool_syntax.own
+        tools = None
+        if own_tools and self.calls_tools:
+            tools = [tool.model_dump(exclude_unset=True) for tool in self.tools]
         return template.render(
-            self.template_messages(),
+            self.template_messages(own_tools),
+            tools=tools,
             add_generation_prompt=self.ends_with_generation_prompt,
             continue_final_message=self.continue_final_message,
         )
 
-    def template_messages(self) -> list[TemplateMessage]:
-        """The messages as the chat template takes them; the tools described in a system
+    def template_messages(self, own_tools: bool = False) -> list[TemplateMessage]:
+        """The messages as the chat template takes them: as they are for a template with its
+        ``own_tools`` syntax, else in the generic format, the tools described in a system
         message (added to the first one when there is one)."""
-        messages = [message.for_template() for message in self.messages]
-        if not self.calls_tools:
+        messages = [message.for_template(own_tools) for message in self.messages]
+        if own_tools or not self.calls_tools:
             return messages
         offer = tool_calls.tools_prompt(self.tools, self.tool_choice or "auto")
         if messages[0].role == "system":

@@ -107,6 +107,7 @@ class Sampling(Request):
     presence_penalty: Penalty = Field(0.0, description="penalise tokens already present")
     frequency_penalty: Penalty = Field(0.0, description="penalise tokens by their count")
     min_tokens: MinTokens = Field(0, description="no end-of-generation token before this many")
+    grammar: Text = Field("", description="GBNF grammar the output follows (root rule: root)")
     logit_bias: LogitBias = Field(
         {}, description="token id -> bias added to its logit (-100 bans, 100 forces)"
     )

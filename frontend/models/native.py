@@ -40,7 +40,6 @@ class GenerateRequest(Sampling):
         description="add the logprob of every prompt token (the first has none) and this many "
         "alternatives each to the final object",
     )
-    grammar: Text = Field("", description="GBNF grammar the output follows (root rule: root)")
     json_schema: dict[str, Any] | None = Field(
         None, description="JSON schema the output follows (a grammar is built from it)"
     )

@@ -3,7 +3,8 @@ list (errors: ``errors``).
 
 A stream chunk's ``usage`` is sent (null but on the last chunk) only when the request asked
 for ``stream_options.include_usage``: the reply leaves the field out otherwise. A chat delta
-holds only what it carries: ``role`` on the first chunk, ``content`` when there is text.
+holds only what it carries: ``role`` on the first chunk, ``content`` when there is text,
+``reasoning_content`` when there is thinking.
 """
 
 from __future__ import annotations
@@ -92,10 +93,13 @@ class ToolCallDelta(ToolCall):
 
 
 class AssistantMessage(Reply):
-    """``content`` is null when the reply is tool calls (``finish_reason: tool_calls``)."""
+    """``content`` is null when the reply is only tool calls (``finish_reason: tool_calls``)."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = Field(
+        default=None, exclude_if=is_none, description="the model's thinking, when it wrote any"
+    )
     tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=is_none)
 
 
@@ -109,6 +113,7 @@ class ChatChoice(Reply):
 class ChatDelta(Reply):
     role: Literal["assistant"] | None = Field(default=None, exclude_if=is_none)
     content: str | None = Field(default=None, exclude_if=is_none)
+    reasoning_content: str | None = Field(default=None, exclude_if=is_none)
     tool_calls: list[ToolCallDelta] | None = Field(default=None, exclude_if=is_none)
 
 

@@ -4,8 +4,9 @@ Every field of OpenAI's request schemas is one of: supported (declared with its 
 ignored (bookkeeping or hints for OpenAI's own service that cannot change the output,
 declared ``Any`` and ``IGNORED``); a feature this server lacks, accepted at its default
 (``OnlyDefault``); anything else is refused as unknown. ``null`` means the default for every
-known field. Extensions: ``priority``, ``tenant``, ``top_k``, ``ignore_eos``, and for chat
-``add_generation_prompt`` / ``continue_final_message``.
+known field. Extensions: ``priority``, ``tenant``, ``top_k``, ``ignore_eos``, ``grammar``
+(as llama.cpp's server takes it; not with a ``response_format`` other than text), and for
+chat ``add_generation_prompt`` / ``continue_final_message``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from tinyserve.frontend.models.fields import (
 )
 from tinyserve.frontend.models.response_format import ResponseFormat
 from tinyserve.frontend.request.generation import Generation
+from tinyserve.frontend.structured.constraints import Constraint, response_format_constraint
 from tinyserve.protocol import TENANT_PATTERN
 
 MAX_LOGPROBS = 5
@@ -75,6 +77,12 @@ class OpenAIRequest(Sampling):
     response_format: ResponseFormat | None = Field(
         None, description="text, any JSON object, or JSON following a schema (enforced)"
     )
+    grammar: Text = Field(
+        "",
+        description="GBNF grammar the output follows (root rule: root); not with a "
+        "response_format other than text, nor for chat with a tool_choice other than auto "
+        "or none (it replaces the tools' grammar of auto)",
+    )
     user: Text = Field(
         "",
         description="end user; the scheduling tenant unless 'tenant' is given "
@@ -86,7 +94,21 @@ class OpenAIRequest(Sampling):
         if self.stream_options is not None and not self.stream:
             message = "'stream_options' is only allowed with 'stream': true"
             raise cross_field("stream_options", message)
+        if self.grammar and not self.text_format:
+            message = "'grammar' excludes a 'response_format' other than text"
+            raise cross_field("grammar", message)
         return self
+
+    @property
+    def text_format(self) -> bool:
+        """``response_format`` leaves the output free (absent, or text)."""
+        return self.response_format is None or self.response_format.type == "text"
+
+    def constraint(self) -> Constraint:
+        """What the output must follow: ``grammar``, else the ``response_format``."""
+        if self.grammar:
+            return Constraint("grammar", grammar=self.grammar)
+        return response_format_constraint(self.response_format)
 
     @property
     def include_usage(self) -> bool:

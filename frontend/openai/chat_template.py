@@ -1,10 +1,15 @@
 """Chat prompts rendered with the model's own template (GGUF ``tokenizer.chat_template``).
 
 Templates are Jinja2 written for Hugging Face's ``apply_chat_template``, so they are rendered
-the same way: ``trim_blocks``/``lstrip_blocks``, ``messages``, ``add_generation_prompt``,
-``bos_token``, ``eos_token``, ``raise_exception`` and ``strftime_now``. The environment is an
-immutable sandbox: the template comes from a model file, and a model file from anywhere must
-neither reach Python internals nor change the objects it is given.
+the same way: ``trim_blocks``/``lstrip_blocks``, ``messages``, ``tools``,
+``add_generation_prompt``, ``bos_token``, ``eos_token``, ``raise_exception`` and
+``strftime_now``. The environment is an immutable sandbox: the template comes from a model
+file, and a model file from anywhere must neither reach Python internals nor change the
+objects it is given.
+
+The template's text also says how the model writes tool calls and thinking
+(``structured.tool_syntax``, ``structured.reasoning``), read once here; ``reply_parser``
+hands that to whoever reads a reply.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from tinyserve.frontend.http.api_errors import invalid
 from tinyserve.frontend.request.tokenizer import ChatPrompt, PromptPart, VocabFacts
+from tinyserve.frontend.structured.reasoning import detect_reasoning_tags
+from tinyserve.frontend.structured.reply_parser import ReplyParser
+from tinyserve.frontend.structured.tool_syntax import detect_tool_syntax
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +43,25 @@ _RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, LookupError)
 
 @dataclass(frozen=True)
 class ChatMessage:
-    """One message of a conversation, already checked (role in ``ROLES``, text content)."""
+    """One message of a conversation, already checked (role in ``ROLES``, text content);
+    an assistant's ``tool_calls`` and a tool result's ``tool_call_id`` as Hugging Face's
+    conversations hold them (for templates with their own tool syntax)."""
 
     role: str
     content: str
     name: str | None = None
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    tool_call_id: str | None = None
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, Any]:
         """The mapping a template iterates over, as Hugging Face passes it."""
-        message = {"role": self.role, "content": self.content}
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:  # templates ask whether the key is there
+            message["tool_calls"] = list(self.tool_calls)
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
 
 
@@ -54,13 +70,25 @@ def _raise_exception(message: str) -> NoReturn:
     raise jinja2.TemplateError(message)
 
 
-def _tojson(value: Any, indent: int | None = None) -> str:
-    # Jinja's own tojson escapes <, > and & for HTML; chat templates expect plain JSON.
-    return json.dumps(value, ensure_ascii=False, indent=indent)
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Jinja's own tojson escapes <, > and & for HTML; chat templates expect plain JSON, with
+    # the arguments Hugging Face's filter takes.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    # loopcontrols: {% break %} and {% continue %}, which Hugging Face's environment has.
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.filters["tojson"] = _tojson
@@ -78,6 +106,8 @@ class ChatTemplate:
         self._template: jinja2.Template | None = None
         self._bos_text = bos_text
         self._eos_text = eos_text
+        self.tool_syntax = detect_tool_syntax(source)
+        self.reasoning_tags = detect_reasoning_tags(source)
         self.problem = "the model has no chat template (GGUF key tokenizer.chat_template)"
         if source is None:
             return
@@ -96,40 +126,56 @@ class ChatTemplate:
         self,
         messages: list[ChatMessage],
         *,
+        tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
     ) -> ChatPrompt:
-        """The prompt for ``messages``: with the assistant's header appended
-        (``add_generation_prompt``), or open at the end of the final (assistant) message so the
-        reply continues it. Raises a 400 ``ApiError`` when the template refuses the messages."""
+        """The prompt for ``messages`` (and ``tools``, given to a template with its own tool
+        syntax): with the assistant's header appended (``add_generation_prompt``), or open at
+        the end of the final (assistant) message so the reply continues it. Raises a 400
+        ``ApiError`` when the template refuses the messages."""
         if self._template is None:
             raise invalid(f"chat completions are not available: {self.problem}", "messages")
         add_header = add_generation_prompt and not continue_final_message
-        texts, marked_messages = _marked(messages)
-        marked = self._render(marked_messages, add_header)
+        texts, marked_messages, final_mark = _marked(messages, continue_final_message)
+        marked = self._render(marked_messages, tools, add_header)
         if continue_final_message:
-            # The final message's content: the last mark, or the one before its name's.
-            final_mark = _MARK.format(len(texts) - (1 if messages[-1].name is None else 2))
             head, found, _ = marked.partition(final_mark)
             if not found:
                 raise invalid("the chat template drops the final message; cannot continue it")
             marked = head + final_mark
-        real = self._render(messages, add_header)
+        real = self._render(messages, tools, add_header)
+        # Tools and calls are rendered as the template writes them (JSON, mostly): their
+        # texts cannot be told apart from the markup, so the tokenizer checks them.
+        calls = _strings([(m.tool_calls, m.tool_call_id) for m in messages])
+        checked = _field("tools", _strings(tools)) + _field("messages", calls)
         for rendered_text in (_verbatim, _stripped):
             parts = _fill(marked, texts, rendered_text)
             text = "".join(part.text for part in parts)
             if text == real or (continue_final_message and real.startswith(text)):
-                return ChatPrompt(parts)
+                return ChatPrompt(parts, checked)
         # The template rewrites what clients wrote: keep its output, have the texts checked.
         whole = "".join(p.text for p in _fill(marked, texts, _verbatim))
-        return ChatPrompt((PromptPart(whole if continue_final_message else real, True),), texts)
+        prompt = whole if continue_final_message else real
+        return ChatPrompt((PromptPart(prompt, True),), _field("messages", texts) + checked)
 
-    def _render(self, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
+    def reply_parser(self, prompt: ChatPrompt, tools: bool, reasoning_format: str) -> ReplyParser:
+        """How the reply to ``prompt`` is read: for tool calls in this template's syntax when
+        ``tools`` were offered, for thinking in its tags unless ``reasoning_format`` (the
+        flag's) is ``none``."""
+        tags = None if reasoning_format == "none" else self.reasoning_tags
+        opened = tags is not None and tags.opened_by(prompt.text)
+        return ReplyParser(self.tool_syntax if tools else None, tags, opened)
+
+    def _render(
+        self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None, header: bool
+    ) -> str:
         assert self._template is not None
         try:
             return self._template.render(
                 messages=[m.as_dict() for m in messages],
-                add_generation_prompt=add_generation_prompt,
+                tools=tools,
+                add_generation_prompt=header,
                 bos_token=self._bos_text,
                 eos_token=self._eos_text,
             )
@@ -137,20 +183,47 @@ class ChatTemplate:
             raise invalid(f"the chat template refused the messages: {exc}", "messages") from exc
 
 
-def _marked(messages: list[ChatMessage]) -> tuple[tuple[str, ...], list[ChatMessage]]:
-    """The texts clients wrote (contents and names, in order), and the messages with a mark
-    standing in for each of them."""
+def _marked(
+    messages: list[ChatMessage], continued: bool
+) -> tuple[tuple[str, ...], list[ChatMessage], str]:
+    """The texts clients wrote (contents and names, in order), the messages with a mark
+    standing in for each of them, and the mark of the final content when it is ``continued``.
+    Empty texts keep no mark (templates test contents for emptiness), but the one continued."""
     texts: list[str] = []
 
-    def mark(text: str) -> str:
+    def mark(text: str, always: bool = False) -> str:
+        if not text and not always:
+            return text
         texts.append(text)
         return _MARK.format(len(texts) - 1)
 
     marked = [
         replace(m, content=mark(m.content), name=None if m.name is None else mark(m.name))
-        for m in messages
+        for m in messages[:-1]
     ]
-    return tuple(texts), marked
+    final = messages[-1]
+    final_mark = mark(final.content, always=continued)
+    name = None if final.name is None else mark(final.name)
+    return tuple(texts), [*marked, replace(final, content=final_mark, name=name)], final_mark
+
+
+def _field(field: str, texts: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    return tuple((field, text) for text in texts)
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    """Every string in ``value`` (lists, tuples, mappings' keys and values), once each."""
+    found: dict[str, None] = {}
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found[item] = None
+        elif isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list | tuple):
+            stack += item
+    return tuple(found)
 
 
 def _verbatim(text: str) -> str:

@@ -30,7 +30,7 @@ from tinyserve.frontend.request.sampling_defaults import (
     sampling_defaults,
     with_defaults,
 )
-from tinyserve.frontend.structured.constraints import constrained, response_format_constraint
+from tinyserve.frontend.structured.constraints import constrained
 
 OWNED_BY = "tinyserve"
 
@@ -65,7 +65,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     req = parse_body(await json_body(request), CompletionRequest, config)
     _check_model(request, req.model)
     generation = with_defaults(req.generation(config), req, _defaults(request))
-    generation = await _constrained(request, req, generation)
+    generation = await constrained(request, generation, req.constraint())
     reply = _reply(request, req, COMPLETIONS, generation.sampling.logprobs)
     return await _complete(request, req, generation, reply)
 
@@ -75,14 +75,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG]
     req = parse_body(await json_body(request), ChatCompletionRequest, config)
     _check_model(request, req.model)
-    chat = req.conversation.render(request.app[CHAT_TEMPLATE])
+    template = request.app[CHAT_TEMPLATE]
+    chat = req.conversation.render(template)
     # Tokenized here, in parts: the messages' text must never become control tokens.
     prompt_ids = await request.app[TOKENIZER].tokenize_chat(chat)
+    parser = template.reply_parser(chat, req.calls_tools, config.reasoning_format)
     generation = dataclasses.replace(req.generation(config), prompt=chat.text)
     generation = with_defaults(generation, req, _defaults(request))
-    generation = await constrained(request, generation, req.constraint())
+    generation = await constrained(request, generation, req.reply_constraint(parser))
     reply = _reply(request, req, CHAT, generation.sampling.logprobs)
-    reply.tool_calls = req.calls_tools
+    reply.parser = parser
     if req.n > 1:
         plan = choices.plan(generation, 1, req.n)
         prompt = choices.Prompt(prompt_ids, chat.text)
@@ -95,13 +97,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 def _defaults(request: web.Request) -> SamplingDefaults:
     metadata = request.app[TOKENIZER].facts.sampling_metadata
     return sampling_defaults(request.app[CONFIG], metadata)
-
-
-async def _constrained(
-    request: web.Request, req: OpenAIRequest, generation: Generation
-) -> Generation:
-    """``generation`` with the grammar of its ``response_format``, checked (a 400 if not)."""
-    return await constrained(request, generation, response_format_constraint(req.response_format))
 
 
 def _reply(

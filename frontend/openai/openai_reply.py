@@ -60,7 +60,7 @@ from tinyserve.frontend.request.reply_common import (
 )
 from tinyserve.frontend.request.streams import Finish, Piece, RequestStream
 from tinyserve.frontend.request.tokenizer import Tokenizer
-from tinyserve.frontend.structured import tool_calls
+from tinyserve.frontend.structured.reply_parser import ParsedReply, ReplyParser
 
 DONE = sse_event("[DONE]")
 FINISH_REASONS: dict[str, FinishReason] = {
@@ -119,7 +119,7 @@ class OpenAIReply:
         self.tokenizer = tokenizer
         self.logprobs = logprobs  # -1: none
         self.created = int(time.time())
-        self.tool_calls = False  # a chat reply that may hold tool calls (``tool_calls``)
+        self.parser = ReplyParser()  # how a chat reply is read: as plain text unless set
 
     async def __call__(
         self, request: web.Request, stream: RequestStream, record: RequestRecord
@@ -142,16 +142,19 @@ class OpenAIReply:
         return self.respond(record, [choice], total, {"X-Request-Id": record.request_id})
 
     async def choice(self, index: int, output: Output, echo: Echo | None = None) -> WholeChoice:
-        """The choice at ``index`` of a whole reply; a chat reply's text is parsed for tool
-        calls when the request offered tools."""
+        """The choice at ``index`` of a whole reply; a chat reply's text is read by the
+        request's ``parser`` (thinking, text and tool calls)."""
         tokens = await self.logprobs_of(output.token_ids, output.logprobs)
         reason = FINISH_REASONS.get(output.finish.reason, "stop")
         if self.surface.chat:
-            message = AssistantMessage(content=output.text)
-            if self.tool_calls:
-                message, reason = tool_calls.reply_message(output.text, reason)
+            parsed = self.parser.parse(output.text, reason)
             logprobs = None if tokens is None else chat_logprobs(tokens)
-            return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason=reason)
+            return ChatChoice(
+                index=index,
+                message=_message(parsed),
+                logprobs=logprobs,
+                finish_reason=parsed.reason,
+            )
         text_logprobs = None if tokens is None else completion_logprobs(tokens, 0)
         text = output.text
         if echo is not None:
@@ -197,14 +200,20 @@ class OpenAIReply:
         *,
         text_offset: int = 0,
         first: bool = False,
+        reasoning: str = "",
         calls: list[ToolCallDelta] | None = None,
         index: int = 0,
     ) -> bytes:
-        """One chunk of a stream: new text (none: the finish chunk), its logprobs; ``index``
-        is the choice's when a reply has several."""
+        """One chunk of a stream: new text (none: the finish chunk), its logprobs; a chat
+        chunk's thinking and tool calls; ``index`` is the choice's when a reply has several."""
         body: Chunk
         if self.surface.chat:
-            delta = ChatDelta(role="assistant" if first else None, content=text, tool_calls=calls)
+            delta = ChatDelta(
+                role="assistant" if first else None,
+                content=None if reasoning and not text else text,
+                reasoning_content=reasoning or None,
+                tool_calls=calls,
+            )
             logprobs = None if tokens is None else chat_logprobs(tokens)
             choice = ChatChunkChoice(
                 index=index, delta=delta, logprobs=logprobs, finish_reason=reason
@@ -255,7 +264,7 @@ class ChoiceChunks:
         self._chars = 0  # text sent so far: where the next token's text_offset starts
         self.finish: Finish | None = None  # set once the finish chunk or an error event went out
         self.failed = False  # it was an error event
-        self._held = tool_calls.HeldText() if reply.tool_calls else None
+        self._reading = reply.parser.stream() if reply.surface.chat else None
 
     def opening(self) -> bytes:
         """A chat stream's first chunk: the assistant's role."""
@@ -277,13 +286,21 @@ class ChoiceChunks:
         tokens = None
         if piece.token_ids:
             tokens = await self._reply.logprobs_of(piece.token_ids, piece.logprobs)
-        text = piece.text if self._held is None else self._held.feed(piece.text)
-        if not text and tokens is None:
+        reasoning, text = "", piece.text
+        if self._reading is not None:
+            reasoning, text = self._reading.feed(piece.text)
+        if not text and not reasoning and tokens is None:
             return None
         offset = self._chars
         self._chars += len(text)
         return self._reply.chunk(
-            self._record, text, tokens, None, text_offset=offset, index=self._index
+            self._record,
+            text,
+            tokens,
+            None,
+            text_offset=offset,
+            reasoning=reasoning,
+            index=self._index,
         )
 
     def _end(self, finish: Finish) -> list[bytes]:
@@ -294,13 +311,16 @@ class ChoiceChunks:
         reason = FINISH_REASONS.get(finish.reason, "stop")
         events = []
         record, index = self._record, self._index
-        if self._held is not None and self._held.text:  # a tool call, or text that began like one
-            message, reason = tool_calls.reply_message(self._held.text, reason)
+        if self._reading is not None:  # what was held back: tool calls, or text after all
+            tail = self._reading.end(reason)
+            reason = tail.reason
             calls = [ToolCallDelta(index=i, **call.model_dump()) for i, call in
-                     enumerate(message.tool_calls or [])] or None  # fmt: skip
-            events.append(
-                self._reply.chunk(record, message.content, None, None, calls=calls, index=index)
-            )
+                     enumerate(tail.calls)] or None  # fmt: skip
+            if tail.content or tail.reasoning or calls:
+                events.append(self._reply.chunk(
+                    record, tail.content or None, None, None, reasoning=tail.reasoning,
+                    calls=calls, index=index,
+                ))  # fmt: skip
         events.append(self._reply.chunk(record, None, None, reason, index=index))
         return events
 
@@ -360,6 +380,15 @@ class StreamEvents:
 async def _only_choice(stream: RequestStream) -> AsyncIterator[tuple[int, Piece]]:
     async for piece in stream.pieces():
         yield 0, piece
+
+
+def _message(parsed: ParsedReply) -> AssistantMessage:
+    """A whole reply's message: no content when it is only tool calls."""
+    return AssistantMessage(
+        content=parsed.content if parsed.content or not parsed.calls else None,
+        reasoning_content=parsed.reasoning or None,
+        tool_calls=parsed.calls or None,
+    )
 
 
 def _error_event(error: ApiError) -> bytes:

@@ -59,13 +59,15 @@ class ChatPrompt:
     """A rendered conversation, kept in parts so that a message can never smuggle the model's
     control tokens (``<|im_start|>``…) into the prompt: only markup parts are parsed for them.
 
-    When a template alters the messages' text beyond trimming it (so the parts cannot be told
-    apart), the whole prompt is one markup part and ``unseparated`` holds the client texts,
-    which the tokenizer then refuses if they spell any control token.
+    ``checked`` holds client texts rendered inside markup, each with the request field it came
+    from, which the tokenizer refuses if they spell any control token: tools and tool calls,
+    which templates write as JSON, and every text when a template alters the messages' text
+    beyond trimming it (so the parts cannot be told apart and the whole prompt is one markup
+    part).
     """
 
     parts: tuple[PromptPart, ...]
-    unseparated: tuple[str, ...] = ()
+    checked: tuple[tuple[str, str], ...] = ()  # (field, text)
 
     @property
     def text(self) -> str:
@@ -148,12 +150,14 @@ class Tokenizer:
         return self._one_bos(self._ids(text, add_bos=True, special=True))
 
     def _tokenize_chat(self, prompt: ChatPrompt) -> list[int]:
-        for text in prompt.unseparated:
+        for field, text in prompt.checked:
             if self._ids(text, add_bos=False, special=True) != self._ids(text, False, False):
                 raise invalid(
-                    "a message spells one of the model's control tokens, and this model's chat "
-                    "template alters message text, so it cannot be kept plain text",
-                    "messages",
+                    f"{text[:40]!r} spells one of the model's control tokens where this model's "
+                    "chat template renders it as markup (in tools or tool calls, or in a "
+                    "message when the template alters message text), so it cannot be kept "
+                    "plain text",
+                    field,
                 )
         ids: list[int] = []
         for part in prompt.parts:

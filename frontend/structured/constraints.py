@@ -6,6 +6,7 @@ are counted (``tinyserve_constrained_requests_total``)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from aiohttp import web
@@ -27,13 +28,16 @@ GRAMMAR, JSON_SCHEMA, JSON_OBJECT, TOOLS = "grammar", "json_schema", "json_objec
 @dataclasses.dataclass(frozen=True)
 class Constraint:
     """One request's constraint: GBNF, a JSON schema, or any JSON object; ``field`` is the
-    request field it came from (named in a 400)."""
+    request field it came from (named in a 400). ``prefix`` is text the output begins with
+    before what the constraint describes, in the grammars built here (a client's own grammar
+    says all there is)."""
 
     field: str
     grammar: str = ""
     schema: dict[str, Any] | None = None
     json_object: bool = False
     tools: bool = False  # the grammar of tool calls (``structured.tool_calls``)
+    prefix: str = ""
 
     @property
     def source(self) -> str | None:
@@ -45,12 +49,20 @@ class Constraint:
 
     def build(self) -> str:
         """The GBNF text; a 400 when the schema asks for what cannot be enforced."""
+        if self.source in (GRAMMAR, None):
+            return self.grammar
+        built = ANY_JSON_OBJECT if self.json_object else self.grammar
         if self.schema is not None:
             try:
-                return schema_to_grammar(self.schema)
+                built = schema_to_grammar(self.schema)
             except SchemaError as exc:
                 raise invalid(f"'{self.field}' is not supported: {exc}", self.field) from None
-        return ANY_JSON_OBJECT if self.json_object else self.grammar
+        if not self.prefix:
+            return built
+        # Every grammar built here states its root on its first line.
+        root, rest = built.split("\n", 1)
+        assert root.startswith("root ::= "), root
+        return f"root ::= {json.dumps(self.prefix)} ({root.removeprefix('root ::= ')})\n{rest}"
 
 
 def response_format_constraint(response_format: Any) -> Constraint:

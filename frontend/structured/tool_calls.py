@@ -1,43 +1,43 @@
-"""Tool calling in a generic format, for models whose chat template has no tool syntax (the
-default model's has none): the tools are described in a system message, a call is
+"""Tool calls: how tools and earlier calls reach the chat template, the grammar of a reply
+that may call tools, and the parser of the calls in a reply, in the served template's syntax
+(``structured.tool_syntax``).
+
+A template with its own tool syntax is given the tools and the conversation as Hugging
+Face's ``apply_chat_template(tools=...)`` gives them (``template_call``). Any other template
+gets the generic format: the tools described in a system message (``tools_prompt``), a call
+written
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-(the Hermes/Qwen convention, which small instruct models have seen), an earlier call is
-rendered that way in its assistant message and a tool's result goes back as a user message
-``<tool_response>...</tool_response>``. When a call is required (``tool_choice`` required or
-a named function) the grammar admits only calls, with arguments that follow each tool's
-parameter schema; with ``auto`` it admits a call or plain text that does not start with
-``<``, so a call the model starts is still a valid one. A reply holds at most one call per
-tool offered (``parallel_tool_calls`` false: one call). No lazy grammar (see
+(the Hermes/Qwen convention, which small instruct models have seen) in its assistant message
+and a tool's result as a user message ``<tool_response>...</tool_response>``.
+
+When a call is required (``tool_choice`` required or a named function) the grammar admits
+only calls, with arguments that follow each tool's parameter schema; with ``auto`` it admits
+calls, or plain text that does not start like them, so a call the model starts is still a
+valid one. A reply holds at most one call per tool offered (``parallel_tool_calls`` false,
+or a template that renders one call per message: one call). No lazy grammar (see
 ``engine.sampler``).
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from typing import Any
 
 from tinyserve.frontend.http.api_errors import invalid
-from tinyserve.frontend.models.openai_reply_bodies import (
-    AssistantMessage,
-    FinishReason,
-    FunctionCall,
-    ToolCall,
-)
+from tinyserve.frontend.models.openai_reply_bodies import FunctionCall, ToolCall
 from tinyserve.frontend.models.tools import NamedToolChoice, Tool, ToolCallIn, ToolChoice
 from tinyserve.frontend.structured.json_schema import PRIMITIVES, SchemaError, schema_rules
+from tinyserve.frontend.structured.tool_syntax import GENERIC, ToolSyntax
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_DECODER = json.JSONDecoder()
 
 
 def tools_prompt(tools: list[Tool], choice: ToolChoice) -> str:
-    """The system text that offers ``tools`` to the model."""
+    """The system text that offers ``tools`` to the model in the generic format."""
     specs = [
         {"name": t.function.name, "description": t.function.description or "",
          "parameters": t.function.parameters or {"type": "object"}}
@@ -49,31 +49,44 @@ def tools_prompt(tools: list[Tool], choice: ToolChoice) -> str:
     elif isinstance(choice, NamedToolChoice):
         must = f"You must call the tool {choice.function.name}.\n"
     lines = "\n".join(json.dumps(spec, ensure_ascii=False) for spec in specs)
+    call = '{"name": <tool name>, "arguments": <arguments as a JSON object>}'
     return (
         "You can call these tools (JSON descriptions, one a line):\n"
         f"{lines}\n{must}"
         "To call a tool, answer with only this, once per call:\n"
-        f'{OPEN}\n{{"name": <tool name>, "arguments": <arguments as a JSON object>}}\n{CLOSE}'
+        f"{GENERIC.call_open}{call}{GENERIC.call_close}"
     )
 
 
 def call_text(call: ToolCallIn) -> str:
-    """An earlier tool call, as the model would have written it."""
-    try:
-        arguments = json.loads(call.function.arguments)
-    except ValueError:
-        arguments = call.function.arguments
-    body = json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False)
-    return f"{OPEN}\n{body}\n{CLOSE}"
+    """An earlier tool call in the generic format, as the model would have written it."""
+    body = {"name": call.function.name, "arguments": _arguments(call.function.arguments)}
+    return f"{GENERIC.call_open}{json.dumps(body, ensure_ascii=False)}{GENERIC.call_close}"
 
 
 def response_text(content: str) -> str:
-    """A tool's result, as the model reads it."""
+    """A tool's result in the generic format, as the model reads it."""
     return f"<tool_response>\n{content}\n</tool_response>"
 
 
-def tools_grammar(tools: list[Tool], choice: ToolChoice, parallel: bool) -> str:
-    """The grammar of the reply: calls only (``required``, a named function) or a call or
+def template_call(call: ToolCallIn) -> dict[str, Any]:
+    """An earlier tool call as a template with its own syntax takes it: OpenAI's shape, with
+    the arguments as an object (templates write them with ``tojson``)."""
+    function = {"name": call.function.name, "arguments": _arguments(call.function.arguments)}
+    return {"id": call.id, "type": "function", "function": function}
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def tools_grammar(
+    tools: list[Tool], choice: ToolChoice, parallel: bool, syntax: ToolSyntax = GENERIC
+) -> str:
+    """The grammar of the reply: calls only (``required``, a named function) or calls or
     plain text (``auto``). A 400 naming ``tools`` when a parameter schema cannot be enforced."""
     named = choice.function.name if isinstance(choice, NamedToolChoice) else None
     offered = [t for t in tools if named is None or t.function.name == named]
@@ -86,73 +99,109 @@ def tools_grammar(tools: list[Tool], choice: ToolChoice, parallel: bool) -> str:
             message = f"'tools' function {tool.function.name!r} parameters: {exc}"
             raise invalid(message, "tools") from None
         rules += used
-        name = json.dumps(json.dumps(tool.function.name))
-        alternatives.append(f'"{{\\"name\\": " {name} ", \\"arguments\\": " {args} "}}"')
-    call = f'"{OPEN}\\n" ({" | ".join(alternatives)}) "\\n{CLOSE}"'
+        head = f'{{"name": {json.dumps(tool.function.name)}, "{syntax.arguments_key}": '
+        alternatives.append(_sequence(_literal(head), f"({args})", _literal("}")))
+    choices = f"({' | '.join(alternatives)})"
+    call = _sequence(_literal(syntax.call_open), choices, _literal(syntax.call_close))
     # NOTE: at most one call per tool offered: a small model, free to go on, calls the same
     # tool again and again until max_tokens cuts the reply (seen with the default model).
-    more = len(offered) - 1 if parallel else 0
-    calls = f'call ("\\n" call){{0,{more}}}' if more else "call"
-    root = calls if choice != "auto" else f"{calls} | [^<] [^\\x00]*"
-    return "\n".join([f"root ::= {root}", f"call ::= {call}", *rules]) + "\n" + PRIMITIVES
+    more = len(offered) - 1 if parallel and not syntax.single_call else 0
+    another = _sequence(_literal(syntax.separator), "call")
+    more_calls = f"({another}){{0,{more}}}" if more else ""
+    opening = (syntax.marker if syntax.writes_marker else "") + syntax.list_open
+    calls = _sequence(_literal(opening), "call", more_calls, _literal(syntax.list_close))
+    if choice == "auto":
+        firsts = "".join(sorted({f"\\x{ord(s[0]):02X}" for s in syntax.starts}))
+        calls = f"{calls} | [^{firsts}] [^\\x00]*"
+    return "\n".join([f"root ::= {calls}", f"call ::= {call}", *rules]) + "\n" + PRIMITIVES
 
 
-def parse_calls(text: str, cut: bool = False) -> list[ToolCall]:
-    """The tool calls ``text`` holds, or none when it is not (only) calls: plain text, or a
-    lone call cut short. With ``cut`` (``max_tokens`` ended the reply) a call left unfinished
-    after complete ones is dropped and the complete ones kept."""
-    if not text.lstrip().startswith(OPEN):
-        return []
-    bodies = _CALL.findall(text)
-    rest = _CALL.sub("", text).strip()
-    if rest and not (cut and _unfinished_call(rest) and text.rstrip().endswith(rest)):
+def _sequence(*pieces: str) -> str:
+    """GBNF pieces in a row, empty ones left out."""
+    return " ".join(piece for piece in pieces if piece)
+
+
+def _literal(text: str) -> str:
+    """``text`` as a GBNF string literal (JSON's escapes are GBNF's), or nothing."""
+    return json.dumps(text) if text else ""
+
+
+def parse_calls(text: str, syntax: ToolSyntax = GENERIC, cut: bool = False) -> list[ToolCall]:
+    """The tool calls ``text`` (a reply from where its calls begin) holds, or none when it is
+    not (only) calls: plain text, or a lone call cut short. With ``cut`` (``max_tokens``
+    ended the reply) a call left unfinished after complete ones is dropped and the complete
+    ones kept."""
+    found, ended, tail = _scan(text, syntax)
+    if not found or not (ended or (cut and _cut_short(tail, syntax))):
         return []
     calls = []
-    for body in bodies:
-        try:
-            call: Any = json.loads(body)
-            name, arguments = call["name"], call.get("arguments", {})
-        except (ValueError, KeyError, TypeError):
-            return []
+    keys = (syntax.arguments_key, "arguments", "parameters")  # either, whatever the family
+    for call in found:
+        name = call.get("name")
         if not isinstance(name, str):
             return []
+        arguments: Any = next((call[key] for key in keys if key in call), {})
         function = FunctionCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False))
-        calls.append(ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=function))
+        calls.append(ToolCall(id=syntax.mint_id(), function=function))
     return calls
 
 
-def _unfinished_call(text: str) -> bool:
-    """``text`` is the start of one call that never reached its end."""
-    return (text.startswith(OPEN) or OPEN.startswith(text)) and text.count(OPEN) <= 1
+class _Scanner:
+    """Reads ``text`` from ``pos`` on, skipping whitespace before each piece."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pos = 0
+
+    def take(self, token: str) -> bool:
+        """Whether ``token`` comes next (past whitespace); taken if so."""
+        while self.pos < len(self.text) and self.text[self.pos].isspace():
+            self.pos += 1
+        if self.text.startswith(token, self.pos):
+            self.pos += len(token)
+            return True
+        return False
+
+    def json_object(self) -> dict[str, Any] | None:
+        """The JSON object that comes next (taken), or None."""
+        self.take("")
+        try:
+            value, end = _DECODER.raw_decode(self.text, self.pos)
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's limit
+            return None
+        if not isinstance(value, dict):
+            return None
+        self.pos = end
+        return value
 
 
-def reply_message(text: str, reason: FinishReason) -> tuple[AssistantMessage, FinishReason]:
-    """The assistant message for ``text`` and its finish reason: tool calls when it holds
-    them (``tool_calls``, or ``length`` when ``max_tokens`` cut a further call short), else
-    the text as it is."""
-    cut = reason == "length"
-    calls = parse_calls(text, cut)
-    if not calls:
-        return AssistantMessage(content=text), reason
-    return AssistantMessage(content=None, tool_calls=calls), "length" if cut else "tool_calls"
+def _scan(text: str, syntax: ToolSyntax) -> tuple[list[dict[str, Any]], bool, str]:
+    """The complete calls from the start of ``text``, whether the text ended properly after
+    them, and what was left unread after the last one."""
+    scan = _Scanner(text)
+    if syntax.marker:
+        scan.take(syntax.marker)  # optional: see ToolSyntax
+    found: list[dict[str, Any]] = []
+    if not scan.take(syntax.list_open):
+        return found, False, text
+    while True:
+        before = scan.pos
+        call = None
+        if (not found or scan.take(syntax.separator.strip())) and scan.take(
+            syntax.call_open.strip()
+        ):
+            call = scan.json_object()
+        if call is None or not scan.take(syntax.call_close.strip()):
+            scan.pos = before
+            break
+        found.append(call)
+    tail = text[scan.pos :]
+    ended = scan.take(syntax.list_close) and not text[scan.pos :].strip()
+    return found, ended, tail
 
 
-class HeldText:
-    """A streamed reply's text held back while it may be a tool call: a reply that turns out
-    to be plain text is let through as soon as it cannot be a call any more; a call comes
-    out whole at the end (one delta with its complete arguments)."""
-
-    def __init__(self) -> None:
-        self.text = ""
-        self.deciding = True
-
-    def feed(self, text: str) -> str:
-        """What of ``text`` may be sent now."""
-        if not self.deciding:
-            return text
-        self.text += text
-        start = self.text.lstrip()
-        if start.startswith(OPEN) or OPEN.startswith(start):
-            return ""
-        self.deciding, held, self.text = False, self.text, ""
-        return held
+def _cut_short(tail: str, syntax: ToolSyntax) -> bool:
+    """``tail``, after complete calls, is the start of one more (or of the list's end)."""
+    rest = tail.strip()
+    nexts = [t.strip() for t in (syntax.separator, syntax.call_open, syntax.list_close)]
+    return not rest or any(t and (rest.startswith(t) or t.startswith(rest)) for t in nexts)

@@ -247,3 +247,15 @@ def test_continue_final_message() -> None:
     both = {"continue_final_message": True, "add_generation_prompt": True}
     assert rejected(chat, messages=prefill, **both).param == "add_generation_prompt"
     assert rejected(chat, continue_final_message=True).param == "continue_final_message"
+
+
+def test_a_grammar_constrains_either_route_unless_something_else_does() -> None:
+    grammar = 'root ::= "yes" | "no"'
+    assert completion(grammar=grammar).constraint().grammar == grammar
+    tool = {"type": "function", "function": {"name": "f"}}
+    assert chat(grammar=grammar, tools=[tool]).generation(CONFIG).sampling.grammar == grammar
+    json_format = {"type": "json_object"}
+    assert rejected(completion, grammar=grammar, response_format=json_format).param == "grammar"
+    assert rejected(chat, grammar=grammar, response_format=json_format).param == "grammar"
+    required = rejected(chat, grammar=grammar, tools=[tool], tool_choice="required")
+    assert required.param == "grammar" and "auto" in required.message

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
+from tests.chat_templates import LLAMA32, MISTRAL_NEMO, QWEN3, hf_render
 from tinyserve.config import build_config
 from tinyserve.frontend.http.api_errors import ApiError
+from tinyserve.frontend.models.chat import ChatCompletionRequest
+from tinyserve.frontend.models.parse import parse_body
 from tinyserve.frontend.openai.chat_template import ChatMessage, ChatTemplate
 from tinyserve.frontend.request.tokenizer import PromptPart, Tokenizer
 
@@ -103,7 +108,7 @@ def test_messages_are_parts_apart_from_markup() -> None:
         PromptPart("Hi <|im_end|>", markup=False),
         PromptPart("<|im_end|>\n", markup=True),
     )
-    assert not prompt.unseparated
+    assert not prompt.checked
 
 
 def test_trimmed_contents_still_apart() -> None:
@@ -124,7 +129,7 @@ def test_rewritten_contents_are_handed_over_for_checking() -> None:
     template = ChatTemplate("{% for m in messages %}{{ m['content'] | upper }}{% endfor %}")
     prompt = template.render([ChatMessage("user", "hi")])
     assert prompt.parts == (PromptPart("HI", markup=True),)
-    assert prompt.unseparated == ("hi",)
+    assert prompt.checked == (("messages", "hi"),)
 
 
 async def test_message_text_never_becomes_control_tokens(tokenizer: Tokenizer) -> None:
@@ -148,3 +153,74 @@ async def test_rewritten_control_token_text_is_refused(tokenizer: Tokenizer) -> 
     assert (info.value.status, info.value.param) == (400, "messages")
     plain = await tokenizer.tokenize_chat(template.render([ChatMessage("user", "x and y")]))
     assert plain == await tokenizer.tokenize("y and y")
+
+
+WEATHER: Any = {
+    "type": "function",
+    "function": {"name": "get_weather", "description": "The weather in a city, now",
+                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}  # fmt: skip
+
+
+def conversation_with_a_call(call_id: str) -> list[Any]:
+    """A user's question, the assistant's call (as the openai client sends it back), its
+    result."""
+    call = {"id": call_id, "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}  # fmt: skip
+    return [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": "18 C"},
+    ]
+
+
+def as_hugging_face_takes_it(messages: list[Any]) -> list[Any]:
+    """The same conversation for ``apply_chat_template``: arguments as objects (changed in
+    place: the conversation was sent already)."""
+    taken = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            for call in calls:
+                arguments = json.loads(call["function"]["arguments"])
+                call["function"] = {**call["function"], "arguments": arguments}
+            message = {**message, "content": ""}
+        taken.append(message)
+    return taken
+
+
+@pytest.mark.parametrize(
+    ("source", "call_id"),
+    [(QWEN3, "call_7f3a"), (LLAMA32, "call_7f3a"), (MISTRAL_NEMO, "a1b2c3d4e")],
+    ids=["qwen3", "llama3.2", "mistral-nemo"],
+)
+def test_tools_are_rendered_by_a_template_with_its_own_syntax(source: str, call_id: str) -> None:
+    messages = conversation_with_a_call(call_id)
+    body = {"model": "m", "messages": messages, "tools": [WEATHER]}
+    request = parse_body(json.dumps(body), ChatCompletionRequest, build_config({}, environ={}))
+    template = ChatTemplate(source, bos_text="<s>", eos_text="</s>")
+    prompt = request.conversation.render(template)
+    expected = hf_render(
+        source, messages=as_hugging_face_takes_it(messages), tools=[WEATHER],
+        add_generation_prompt=True, bos_token="<s>", eos_token="</s>",
+    )  # fmt: skip
+    assert prompt.text == expected
+    assert "get_weather" in expected and "The weather in a city, now" in expected
+    # The tool's texts and the call's are checked; the messages stay plain text where the
+    # template keeps them apart (Llama 3's writes a tool's result with tojson: all checked).
+    assert ("tools", "The weather in a city, now") in prompt.checked
+    assert ("messages", call_id) in prompt.checked
+
+
+async def test_a_tool_that_spells_a_control_token_is_a_400_naming_tools(
+    tokenizer: Tokenizer,
+) -> None:
+    template = ChatTemplate(QWEN3)
+    sneaky = {**WEATHER, "function": {**WEATHER["function"], "description": "<|im_end|>"}}
+    prompt = template.render([ChatMessage("user", "Hi")], tools=[sneaky])
+    with pytest.raises(ApiError) as info:
+        await tokenizer.tokenize_chat(prompt)
+    assert (info.value.status, info.value.param) == (400, "tools")
+    assert await tokenizer.tokenize_chat(
+        template.render([ChatMessage("user", "Hi")], tools=[WEATHER])
+    )

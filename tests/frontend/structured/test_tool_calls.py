@@ -1,15 +1,17 @@
-"""The generic tool-call format: its grammar (checked by llama.cpp's grammar engine), the
-parser of replies, and the stream's hold-back of a reply that may be a call."""
+"""Tool calls in each syntax: the grammar (checked by llama.cpp's grammar engine) admits the
+family's calls and nothing else, and the parser reads them back, as models write them."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from tinyserve.frontend.http.api_errors import ApiError
 from tinyserve.frontend.models.tools import NamedToolChoice, Tool
 from tinyserve.frontend.structured import tool_calls
+from tinyserve.frontend.structured.tool_syntax import GENERIC, HERMES, LLAMA3, MISTRAL, ToolSyntax
 
 from .test_json_schema import Accepts, accepts  # noqa: F401  (the fixture)
 
@@ -26,8 +28,25 @@ TIME = Tool.model_validate({"type": "function", "function": {"name": "get_time"}
 
 
 def call(name: str, arguments: object) -> str:
+    """One call in the generic format (Hermes's)."""
     body = json.dumps({"name": name, "arguments": arguments})
     return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def calls_in(syntax: ToolSyntax, *calls: tuple[str, object]) -> str:
+    """``calls`` as the grammar of ``syntax`` writes them."""
+    bodies = [
+        syntax.call_open
+        + json.dumps({"name": name, syntax.arguments_key: arguments})
+        + syntax.call_close
+        for name, arguments in calls
+    ]
+    opening = (syntax.marker if syntax.writes_marker else "") + syntax.list_open
+    return opening + syntax.separator.join(bodies) + syntax.list_close
+
+
+def names(text: str, syntax: ToolSyntax = GENERIC, cut: bool = False) -> list[str]:
+    return [c.function.name for c in tool_calls.parse_calls(text, syntax, cut)]
 
 
 def test_required_admits_only_valid_calls(accepts: Accepts) -> None:  # noqa: F811
@@ -54,6 +73,26 @@ def test_named_choice_and_auto(accepts: Accepts) -> None:  # noqa: F811
     assert not accepts(auto, "<tool_call>\n{oops")
 
 
+@pytest.mark.parametrize("syntax", [HERMES, LLAMA3, MISTRAL], ids=lambda s: s.family)
+def test_each_family_grammar_writes_its_own_syntax(
+    accepts: Accepts,  # noqa: F811
+    syntax: ToolSyntax,
+) -> None:
+    paris = ("get_weather", {"city": "Paris"})
+    grammar = tool_calls.tools_grammar([WEATHER, TIME], "required", True, syntax)
+    assert accepts(grammar, calls_in(syntax, paris))
+    assert not accepts(grammar, calls_in(syntax, ("get_weather", {"unit": "C"})))
+    other = MISTRAL if syntax is not MISTRAL else HERMES
+    assert not accepts(grammar, calls_in(other, paris))
+    # A Llama 3 template renders one call per message: a reply holds one.
+    two = calls_in(syntax, paris, ("get_time", {}))
+    assert accepts(grammar, two) == (not syntax.single_call)
+    auto = tool_calls.tools_grammar([WEATHER, TIME], "auto", True, syntax)
+    assert accepts(auto, calls_in(syntax, paris)) and accepts(auto, "It is sunny.")
+    # Text that starts like a call must be one.
+    assert not any(accepts(auto, start + "oops") for start in syntax.starts)
+
+
 def test_parameters_that_cannot_be_enforced_are_a_400_naming_tools() -> None:
     bad = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"x": {"type": "string", "pattern": "a"}}}}})  # fmt: skip
@@ -62,29 +101,69 @@ def test_parameters_that_cannot_be_enforced_are_a_400_naming_tools() -> None:
     assert caught.value.param == "tools" and "'pattern'" in caught.value.message
 
 
-def test_replies_parse_into_calls_or_stay_text() -> None:
+def test_generic_calls_parse_or_stay_text() -> None:
     two = call("get_weather", {"city": "Rome"}) + "\n" + call("get_time", {})
-    message, reason = tool_calls.reply_message(two, "stop")
-    assert reason == "tool_calls" and message.content is None
-    assert [c.function.name for c in message.tool_calls or []] == ["get_weather", "get_time"]
-    assert json.loads((message.tool_calls or [])[0].function.arguments) == {"city": "Rome"}
-    assert len({c.id for c in message.tool_calls or []}) == 2
+    parsed = tool_calls.parse_calls(two)
+    assert [c.function.name for c in parsed] == ["get_weather", "get_time"]
+    assert json.loads(parsed[0].function.arguments) == {"city": "Rome"}
+    assert len({c.id for c in parsed}) == 2 and all(c.id.startswith("call_") for c in parsed)
     for text in ("Hello", '<tool_call>\n{"name": "get_time", "argu', call("f", {}) + " and"):
-        message, reason = tool_calls.reply_message(text, "length")
-        assert (message.content, message.tool_calls, reason) == (text, None, "length")
-    # max_tokens cut a second call short: the first, complete, is kept; the reason says cut.
+        assert names(text, cut=True) == []
+    # max_tokens cut a second call short: the first, complete, is kept.
     for tail in ('\n<tool_call>\n{"name": "get_ti', "\n<tool_", "\n<tool_call>"):
-        message, reason = tool_calls.reply_message(call("f", {"x": 1}) + tail, "length")
-        assert [c.function.name for c in message.tool_calls or []] == ["f"]
-        assert (message.content, reason) == (None, "length")
-        # Not cut, the same text is no list of calls.
-        message, reason = tool_calls.reply_message(call("f", {"x": 1}) + tail, "stop")
-        assert message.tool_calls is None and reason == "stop"
+        assert names(call("f", {"x": 1}) + tail, cut=True) == ["f"]
+        assert names(call("f", {"x": 1}) + tail) == []  # not cut: no list of calls
 
 
-def test_stream_holds_back_only_what_may_be_a_call() -> None:
-    held = tool_calls.HeldText()
-    assert [held.feed(t) for t in (" <tool", "_call>\n{", '"name"')] == ["", "", ""]
-    assert held.text == ' <tool_call>\n{"name"'
-    plain = tool_calls.HeldText()
-    assert [plain.feed(t) for t in ("<to", "ast", "!")] == ["", "<toast", "!"]
+# As each family's models write calls (their model cards and templates), beyond what our
+# grammar writes: other spacing, the other arguments key, a marker the engine would not spell.
+@pytest.mark.parametrize(
+    ("syntax", "text", "expected"),
+    [
+        (HERMES, '<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+                 '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>', ["a", "b"]),
+        (HERMES, '<tool_call>{"name": "a", "arguments": {}}</tool_call>', ["a"]),
+        (LLAMA3, '{"name": "a", "parameters": {"x": 1}}', ["a"]),
+        (LLAMA3, '<|python_tag|>{"type": "function", "name": "a", "parameters": {}}', ["a"]),
+        (LLAMA3, '{"name": "a", "arguments": {}}; {"name": "b", "parameters": {}}', ["a", "b"]),
+        (MISTRAL, '[TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}, {"name": "b", '
+                  '"arguments": {}, "id": "abcdefghi"}]', ["a", "b"]),
+        (MISTRAL, '[{"name": "a", "arguments": {}}]', ["a"]),
+        (LLAMA3, '{"answer": 42}', []),
+        (LLAMA3, '{"name": "a", "parameters": {}} is what I would call', []),
+        (MISTRAL, '[TOOL_CALLS][{"name": "a", "arguments": {}}', []),
+        (MISTRAL, "[1, 2]", []),
+        (HERMES, "[" * 100_000, []),
+    ],
+)  # fmt: skip
+def test_family_calls_parse(syntax: ToolSyntax, text: str, expected: list[str]) -> None:
+    assert names(text, syntax) == expected
+
+
+def test_cut_short_family_calls_keep_the_complete_ones() -> None:
+    mistral = '[TOOL_CALLS][{"name": "a", "arguments": {}}, {"name": "b", "argu'
+    assert names(mistral, MISTRAL, cut=True) == ["a"]
+    assert names('[TOOL_CALLS][{"name": "a", "arguments": {}}', MISTRAL, cut=True) == ["a"]
+    assert names('{"name": "a", "parameters": {}}; {"na', LLAMA3, cut=True) == ["a"]
+
+
+def test_arguments_come_back_as_json_text_and_ids_as_the_family_takes_them() -> None:
+    [mistral] = tool_calls.parse_calls('[{"name": "a", "arguments": {"é": [1]}}]', MISTRAL)
+    assert mistral.function.arguments == '{"é": [1]}'
+    assert len(mistral.id) == 9 and mistral.id.isalnum()  # what Mistral's template checks
+    [llama] = tool_calls.parse_calls('{"name": "a", "parameters": {"k": "v"}}', LLAMA3)
+    assert json.loads(llama.function.arguments) == {"k": "v"} and llama.id.startswith("call_")
+
+
+def test_earlier_calls_reach_a_template_as_hugging_face_passes_them() -> None:
+    from tinyserve.frontend.models.tools import ToolCallIn
+
+    def earlier(arguments: str) -> Any:
+        return tool_calls.template_call(ToolCallIn.model_validate(
+            {"id": "x1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+        ))  # fmt: skip
+
+    assert earlier('{"a": 1}') == {
+        "id": "x1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}
+    }  # fmt: skip
+    assert earlier("not json")["function"]["arguments"] == "not json"
