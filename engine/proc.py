@@ -1,7 +1,8 @@
 """The engine process: ZeroMQ sockets, the board and signals around ``EngineCore``.
 
 Loop: receive (block only when idle) -> housekeeping -> one core step -> its ``TickReport``
-to the board, the wire, the metrics and the spans.
+to the board, the wire, the metrics and the spans. The process's entry point is
+``engine/main.py``.
 
 An exception that escapes the loop is the second tier of failures (the core already ends a
 failing request on its own): the engine logs it once, sends every request in flight its
@@ -11,10 +12,8 @@ error, and exits with status 1 for the launcher or systemd to restart it.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
-import threading
 import time
 from types import FrameType
 from typing import NoReturn
@@ -22,18 +21,17 @@ from typing import NoReturn
 import zmq
 
 from tinyserve import metrics
-from tinyserve.config import ENGINE, Config, notify_socket, watchdog_interval_s
+from tinyserve.config import Config, notify_socket, watchdog_interval_s
 from tinyserve.engine.cache_store import KeptCache
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.events import EventFeed
+from tinyserve.engine.heartbeat import HeartbeatThread
 from tinyserve.engine.meters import EngineMeter
 from tinyserve.engine.report import TickReport
 from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
 from tinyserve.engine.spans import SpanRecorder
-from tinyserve.errors import TinyServeError
-from tinyserve.logs import RateLimitedLog, fields, setup_logging
+from tinyserve.logs import RateLimitedLog, fields
 from tinyserve.model import model_name
-from tinyserve.ownership import join_node
 from tinyserve.procs import pid_alive
 from tinyserve.protocol import (
     FEED_TOPIC,
@@ -52,9 +50,10 @@ from tinyserve.protocol import (
     TimelineReply,
     decode,
     encode,
+    submit_fault,
     topic,
 )
-from tinyserve.rundir import prepare_runtime_dir, remove_quietly
+from tinyserve.rundir import remove_quietly
 from tinyserve.sdnotify import Notifier
 from tinyserve.tracing import Tracing
 from tinyserve.tracing import from_config as tracing_from_config
@@ -68,32 +67,6 @@ REAP_INTERVAL_NS = 1_000_000_000
 PUB_HWM = 100_000  # one message per tick per frontend: hours of backlog before a drop
 # A Submit of a whole context of token ids is tens of KB; a peer sending more is not ours.
 MAX_INBOX_MESSAGE_BYTES = 16 * 1024 * 1024
-MAX_LOGPROBS = 20  # alternatives per token; the OpenAI API's top_logprobs limit
-
-
-class HeartbeatThread(threading.Thread):
-    """Writes the board heartbeat every 100 ms while the engine loop keeps making progress.
-
-    A separate thread because one decode call can take longer than the frontends' 1 s
-    liveness limit; the loop's own progress stamp still lets a hung loop go silent.
-    """
-
-    def __init__(self, board: Board, stall_limit_s: float = 30.0) -> None:
-        super().__init__(name="heartbeat", daemon=True)
-        self._board = board
-        self._stall_ns = int(stall_limit_s * 1e9)
-        self._halt = threading.Event()
-        self.progress_ns = time.monotonic_ns()
-
-    def run(self) -> None:
-        while not self._halt.wait(0.1):
-            now = time.monotonic_ns()
-            if now - self.progress_ns < self._stall_ns:
-                self._board.heartbeat(now)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(timeout=1.0)
 
 
 class EngineProcess:
@@ -343,60 +316,3 @@ class EngineProcess:
             drain_rate=load.drain_rate,
             ticks=load.tick,
         )
-
-
-def submit_fault(submit: Submit, n_vocab: int) -> str:
-    """What makes a well-typed ``Submit`` unsafe to run, or "". Our frontends never send one
-    (they validate first); anything else that reaches the socket must not crash the engine."""
-    if submit.max_tokens < 0:  # 0: the prompt's logprobs alone (echo)
-        return "max_tokens < 0"
-    if not all(0 <= token < n_vocab for token in submit.prompt_ids):
-        return "prompt token id outside the vocabulary"
-    sampling = submit.sampling
-    if not -1 <= sampling.logprobs <= MAX_LOGPROBS:
-        return f"logprobs outside -1..{MAX_LOGPROBS}"
-    if not -1 <= submit.prompt_logprobs <= MAX_LOGPROBS:
-        return f"prompt_logprobs outside -1..{MAX_LOGPROBS}"
-    if not (math.isfinite(sampling.temperature) and 0.0 < sampling.top_p <= 1.0):
-        return "temperature or top_p out of range"
-    return ""
-
-
-def run(config: Config) -> int:
-    """Entry point of ``tinyserve engine``."""
-    setup_logging(config, "engine")
-    # Sockets and the board are created by us: nobody else gets any access bit on them,
-    # whatever umask we were started with (the runtime dir is 0700 as well).
-    os.umask(0o077)
-    try:
-        prepare_runtime_dir(config.runtime_dir)
-        # Before anything in the runtime dir is touched: a live node's engine (or a launcher
-        # that is not our parent) owns it, and its metrics and board must stay as they are.
-        lock = join_node(config, ENGINE)
-    except TinyServeError as exc:
-        log.error("engine failed to start: %s", exc)
-        return 1
-    try:
-        return _run_engine(config)
-    finally:
-        if lock is not None:
-            lock.release()
-
-
-def _run_engine(config: Config) -> int:
-    try:
-        metrics.setup(config.runtime_dir, metrics.ENGINE)  # before any metric value exists
-        engine = EngineProcess(config)
-    except TinyServeError as exc:
-        log.error("engine failed to start: %s", exc)
-        return 1
-    signal.signal(signal.SIGTERM, engine.request_stop)
-    signal.signal(signal.SIGINT, engine.request_stop)
-    try:
-        engine.start()
-        engine.serve()
-    finally:
-        engine.close()
-        engine.meter.metrics.forget_process(os.getpid())  # no engine: no engine gauges
-    log.info("engine stopped")
-    return 0

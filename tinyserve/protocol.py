@@ -14,6 +14,7 @@ fields in declaration order. A frame with another version or an unknown tag rais
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -435,3 +436,23 @@ def decode(frame: bytes) -> Message:
 def topic(frontend_id: str) -> bytes:
     """PUB/SUB topic of a frontend. Ids are fixed-length hex, so no topic prefixes another."""
     return frontend_id.encode("ascii")
+
+
+MAX_TOP_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's limit)
+
+
+def submit_fault(submit: Submit, n_vocab: int) -> str:
+    """What makes a well-typed ``Submit`` unsafe to run, or "". Our frontends never send one
+    (they validate first); anything else that reaches the socket must not crash the engine."""
+    if submit.max_tokens < 0:  # 0: the prompt's logprobs alone (echo)
+        return "max_tokens < 0"
+    if not all(0 <= token < n_vocab for token in submit.prompt_ids):
+        return "prompt token id outside the vocabulary"
+    sampling = submit.sampling
+    if not -1 <= sampling.logprobs <= MAX_TOP_LOGPROBS:
+        return f"logprobs outside -1..{MAX_TOP_LOGPROBS}"
+    if not -1 <= submit.prompt_logprobs <= MAX_TOP_LOGPROBS:
+        return f"prompt_logprobs outside -1..{MAX_TOP_LOGPROBS}"
+    if not (math.isfinite(sampling.temperature) and 0.0 < sampling.top_p <= 1.0):
+        return "temperature or top_p out of range"
+    return ""

@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # thread's Python stack to stderr (the log) first: where it died or hung.
     faulthandler.enable(all_threads=True)
     if args.command == ENGINE:
-        from tinyserve.engine.proc import run as run_engine
+        from tinyserve.engine.main import run as run_engine
 
         return run_engine(config)
     if args.command == FRONTEND:
