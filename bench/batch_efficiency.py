@@ -132,7 +132,8 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="lengths x this (short runs)")
     parser.add_argument("--distributions", default=",".join(DISTRIBUTIONS))
     args = parser.parse_args()
-    flags = ["--threads", str(args.threads), "--slots", str(args.slots), "--ctx", "16384"]
+    # The longest request drawn (2048 prompt tokens + 512) fits a slot.
+    flags = ["--threads", str(args.threads), "--slots", str(args.slots), "--ctx-per-slot", "2560"]
     node = start_node(*flags, "--max-queue", "256")
     rows = []
     try:
@@ -143,7 +144,7 @@ def main() -> None:
     finally:
         node.stop(check=False)
     ceiling_args = argparse.Namespace(
-        prompt_tokens=16, max_tokens=64, threads=args.threads, ctx=4096
+        prompt_tokens=16, max_tokens=64, threads=args.threads, ctx_per_slot=512
     )
     ceiling = ceiling_in_subprocess(args.slots, ceiling_args)
     progress(f"bare batched decode at batch {args.slots}: {ceiling:.1f} tok/s")

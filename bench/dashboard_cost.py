@@ -46,11 +46,12 @@ def per_call_us(fn: Callable[[], object], n: int) -> float:
 def in_process(n: int) -> dict[str, float]:
     """Per-call costs of the feed's engine side, in microseconds."""
     load = Load(1, 10, 8, 256, 40, 12, 1.0)
-    tick = TickReport(load, batch=Batch(8, 8, 0, 8, 0.02), generated=8)
+    updates = [protocol.RequestUpdate(f"r{i}", 1, token_ids=[7]) for i in range(8)]
+    tick = TickReport(load, {"f" * 32: updates}, batch=Batch(8, 8, 0, 8, 0.02))
     tick.grants = [Grant("r0", RULE_ARRIVAL, "default", 0, 0.01)]
     submit = protocol.Submit("r", "f" * 32, [1] * 60, protocol.SamplingParams(), 64)
-    slots = [Sequence(submit, [], i, status=Status.DECODE) for i in range(8)]
-    waiting = [Sequence(submit, [], i) for i in range(10)]
+    slots = [Sequence(submit, i, status=Status.DECODE) for i in range(8)]
+    waiting = [Sequence(submit, i) for i in range(10)]
     off = EventFeed()
     on = EventFeed()
     on.lease("f" * 32, 10.0, time.monotonic_ns())

@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
-    node = start_node("--ctx", "2048", "--slots", "2", "--threads", "1")
+    node = start_node("--ctx-per-slot", "1024", "--slots", "2", "--threads", "1")
     try:
         rows = measure(node.url, node.engine_pid(), args.lengths, args.reps)
     finally:

@@ -1,11 +1,11 @@
 """Cost of evicting cached blocks from the prefix cache's radix tree.
 
-A tree of ``n`` cached leaves (one block each, every one unreferenced, each its own cache
-sequence) and an accountant that holds them; then ``k`` evictions, least recently used first,
-as ``PrefixCache`` makes them: pick the victim, ``remove_leaf``, ``evict``. Prints µs per
-eviction for each n. Works with the tree's ``lru_leaf`` (one eviction order, a heap) and, on
-older builds, with ``leaves_lru`` (every leaf sorted per eviction), so that the same script
-gives the before and after figures.
+A tree of ``n`` cached leaves (one block each, every one unreferenced) and an accountant that
+holds them; then ``k`` evictions, least recently used first, as ``HostCache`` makes them: pick
+the victim, ``remove_leaf``, ``evict``. Prints µs per eviction for each n. Picks victims with
+the tree's ``lru_leaf`` (one eviction order, a heap), or with ``leaves_lru`` (every leaf sorted
+per eviction) on a build from before issue 12; builds from before issue 32 took a cache
+sequence in ``insert`` and need the script as it was then.
 
     .venv/bin/python bench/eviction.py
 """
@@ -25,7 +25,7 @@ def build(n: int) -> tuple[RadixTree, BlockAccountant]:
     tree, blocks = RadixTree(BLOCK), BlockAccountant(n, BLOCK)
     for i in range(n):
         [block] = blocks.allocate(1)
-        tree.insert([i] * BLOCK, [block], i)
+        tree.insert([i] * BLOCK, [block])
         blocks.set_cached(block, True)
         blocks.release(block)
     return tree, blocks

@@ -199,7 +199,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--osl", type=int, default=64, help="output tokens per request")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads, both servers")
-    parser.add_argument("--ctx", type=int, default=4096)
+    parser.add_argument("--ctx-per-slot", type=int, default=4096, help="KV cells of each slot")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--frontends", type=int, default=2)
     parser.add_argument("--model", type=Path, default=None)
@@ -231,9 +231,10 @@ def main() -> None:
             server.model = str(get_json(f"{server.url}/v1/models")["data"][0]["id"])
         check_tokenizer(tokenizer, servers[1].url)
         print(
-            f"model {model_path.name}; threads {args.threads}; ctx {args.ctx}; slots "
-            f"{args.slots}; aiperf {args.endpoint}, c={args.concurrency}, {args.requests} "
-            f"requests of {args.isl} -> {args.osl} tokens; {args.rounds} rounds, alternating"
+            f"model {model_path.name}; threads {args.threads}; {args.slots} slots of "
+            f"{args.ctx_per_slot} KV cells; aiperf {args.endpoint}, c={args.concurrency}, "
+            f"{args.requests} requests of {args.isl} -> {args.osl} tokens; {args.rounds} "
+            "rounds, alternating"
         )
         for r in range(args.rounds):
             got = {}

@@ -2,14 +2,15 @@
 ``vs_llama_server.py``, on two nodes at once, driven alternately, in one run.
 
 Node A runs with ``--a`` flags, node B with ``--b`` (both on top of the shared settings:
-model, threads, ctx, slots, frontends); with ``--a-commit``, node A runs that commit's Python
-code (``common.code_at``), for a change measured against the code before it. Every load
+model, threads, ctx-per-slot, slots, frontends); with ``--a-commit``, node A runs that
+commit's Python code (``common.code_at``), for a change measured against the code before it
+(a commit from before issue 32 knows no ``--ctx-per-slot``). Every load
 point runs ``--rounds`` rounds, the order alternating, and is printed as the medians of each
 node and the ratio B / A, median [range] over rounds. Writes ``bench/results/<--name>.csv``.
 For choosing a default or keeping a change (the write-ups in docs/benchmarks.md name the
 command), with the same client and figures as the comparison with llama-server.
 
-    .venv/bin/python bench/flags_ab.py --b="--cache-cells 64" --workloads closed,chat
+    .venv/bin/python bench/flags_ab.py --b="--host-cache-mb 0" --workloads closed,chat
     .venv/bin/python bench/flags_ab.py --a-commit HEAD --workloads closed --concurrency 8
 """
 

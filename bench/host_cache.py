@@ -1,18 +1,26 @@
-"""The prefix cache's host-memory tier and its files across restarts, in one run.
+"""The prefix cache in host memory: what a hit and a store cost, and what it gives a chat.
 
-(a) crossover, in-process: prefilling n tokens vs copying their KV out to host memory and
-    back (per 16-token block: ``seq_cp`` onto a scratch sequence + ``get_data``; ``set_data``
-    + ``seq_cp``), for n = 16..512: where restoring stops paying, if anywhere.
-(b) multi-turn chats with more conversations than the cells hold (a small ``--ctx``), turns
-    taken round-robin, one request at a time: TTFT p50/p95 and prompt tokens served from the
-    cache (from host memory among them), with the host tier off and on.
-(c) restart: a node with ``--cache-dir`` serves every conversation's first turn and is
+(a) In-process, no server (``LlamaRuntime`` and ``HostCache`` as ``KvSpace`` drives them),
+    for n = 16..2048 tokens, medians of ``--repeats``: prefilling n tokens into a slot,
+    against writing them into another slot from the cache (the lookup, their blocks joined
+    into one saved state, ``llama_state_seq_set_data``), and storing a finished request's n
+    tokens (one ``llama_state_seq_get_data`` of its slot, cut into blocks and hung in the
+    tree; the cache is full, so the previous request's blocks are evicted for them). Once per
+    n, the next token is decoded in both slots and the two picks compared.
+(b) Multi-turn chats on a node with more conversations than slots (8 over ``--slots`` 2), turns
+    taken round-robin, one request at a time: by the time a conversation's next turn comes,
+    its slot has served others, so its earlier turns come from the prefix cache in host memory
+    (``--host-cache-mb``, 2048 by default) or, with ``--host-cache-mb 0``, are prefilled again.
+    TTFT p50/p95, prompt tokens reused by tier (``slot``, ``host``) and the time spent
+    writing them into slots (``tinyserve_prefix_cache_*``).
+(c) Restart: a node with ``--cache-dir`` serves every conversation's first turn and is
     stopped (SIGTERM writes its cache); each conversation's second turn then goes to a node
-    started on that directory (warm) and to one started on an empty one (cold): TTFT.
+    started on that directory (warm: tier ``disk``) and to one started on an empty one (cold).
 
 Writes bench/results/host_cache.csv (b, c), host_cache_crossover.csv (a) and host_cache.png.
 
     .venv/bin/python bench/host_cache.py --threads 1
+    .venv/bin/python bench/host_cache.py --skip b,c --lengths 16,256 --repeats 1   # (a), short
 """
 
 from __future__ import annotations
@@ -31,11 +39,14 @@ from common import (
     progress,
     report,
     save_plot,
+    scrape,
     start_node,
     stream_request,
     write_csv,
 )
 
+BLOCK = 16  # --block-size's default
+TIERS = ("slot", "host", "disk")
 SYSTEM = (
     "<|im_start|>system\nYou are the guide of a small museum of maritime history. Answer "
     "visitors' questions about ships, harbours, lighthouses and navigation in two short "
@@ -50,78 +61,86 @@ def user_turn(text: str) -> str:
 
 def opening(i: int) -> str:
     """Each conversation's own opening: distinct from its first tokens on, so conversations
-    share nothing but what a block-aligned cache cannot use."""
+    share less than a block and a slot kept by one serves no other."""
     return f"<|im_start|>system\nVisitor {i} of the day.<|im_end|>\n" + SYSTEM
 
 
-# -- (a) crossover -------------------------------------------------------------------------
+# -- (a) in-process ------------------------------------------------------------------------
 
 
-def crossover(threads: int, lengths: list[int], repeats: int) -> list[dict[str, Any]]:
-    """Prefill vs save + restore of the same tokens' KV, medians of ``repeats``."""
+def in_process(threads: int, lengths: list[int], repeats: int) -> list[dict[str, Any]]:
+    """Per n: prefill, restore from the cache and store, in milliseconds (medians)."""
+    from tinyserve.engine.host_cache import HostCache
+    from tinyserve.engine.kv_space import probe_layout
     from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
     from tinyserve.model import resolve_model_path
 
-    spec = RuntimeSpec(resolve_model_path(None), 2048, 4, 512, threads)
+    # Two slots: one prefilled, one the cache writes into; room for the next token after n.
+    spec = RuntimeSpec(resolve_model_path(None), 2, max(lengths) + BLOCK, 512, threads)
     runtime = LlamaRuntime(spec)
     rows = []
     try:
+        layout = probe_layout(runtime, BLOCK)
         for n in lengths:
-            tokens = [(i * 37) % 1000 + 100 for i in range(n)]
-            runs = [_measure(runtime, tokens) for _ in range(repeats)]
-            prefill, save, restore = ([run[i] for run in runs] for i in range(3))
+            # Room for one request's n tokens: each store evicts the one before, into rows whose
+            # pages were written already, as in a cache that has filled up.
+            rows_needed = -(-n // BLOCK)
+            cache = HostCache(layout, BLOCK, rows_needed * BLOCK * layout.cell_bytes)
+            _one(runtime, cache, n, salt=0)  # warms the arena's pages and llama.cpp's buffers
+            runs = [_one(runtime, cache, n, salt=r + 1) for r in range(repeats)]
+            prefill, restore, store = ([run[i] for run in runs] for i in range(3))
             row = {
                 "tokens": n,
                 "prefill_ms": round(percentile(prefill, 0.5) * 1e3, 2),
-                "save_ms": round(percentile(save, 0.5) * 1e3, 2),
-                "restore_ms": round(percentile(restore, 0.5) * 1e3, 2),
-                "kv_kib_per_block": round(runs[0][3] / 1024, 1),
+                "restore_ms": round(percentile(restore, 0.5) * 1e3, 3),
+                "store_ms": round(percentile(store, 0.5) * 1e3, 3),
+                "kv_kib": round(n * layout.cell_bytes / 1024, 1),
+                "same_next_token": _same_next(runtime, n),
             }
             row["prefill_over_restore"] = round(row["prefill_ms"] / max(row["restore_ms"], 1e-3))
             rows.append(row)
-            progress(f"crossover: {row}")
+            progress(f"(a) {row}")
     finally:
         runtime.close()
     return rows
 
 
-def _measure(runtime: Any, tokens: list[int]) -> tuple[float, float, float, int]:
-    """Seconds to prefill ``tokens``, to save their blocks, to restore them; one block's KV
-    bytes."""
-    runtime.clear()
+def _tokens(n: int, salt: int) -> list[int]:
+    """``n`` ordinary token ids, distinct per ``salt`` from the first one on."""
+    return [1000 + (salt * 7919 + i * 104729) % 40000 for i in range(n)]
+
+
+def _one(runtime: Any, cache: Any, n: int, salt: int) -> tuple[float, float, float]:
+    """Seconds to prefill n tokens into slot 0, to store them (slot 0's state into the
+    cache) and to restore them (looked up and written into slot 1)."""
+    tokens = _tokens(n, salt)
+    runtime.forget(0)
+    runtime.forget(1)
     t0 = time.perf_counter()
-    _prefill(runtime, tokens)
+    for start in range(0, n, 512):
+        count = min(512, n - start)
+        runtime.batch.clear()
+        runtime.batch.add_span(tokens, start, count, start, 0, start + count == n)
+        assert runtime.decode() == 0
     t1 = time.perf_counter()
-    blocks = _save(runtime, len(tokens))
+    assert cache.store(tokens, lambda: runtime.save_seq(0)) > 0
     t2 = time.perf_counter()
-    runtime.clear()
+    hit = cache.lookup([*tokens, 7])  # a prompt that goes on after them: all n are usable
+    assert hit.n_tokens == n, (hit.n_tokens, n)
+    assert cache.restore(hit, lambda state: runtime.load_seq(1, state)), "llama.cpp refused it"
     t3 = time.perf_counter()
-    _restore(runtime, blocks)
-    t4 = time.perf_counter()
-    return t1 - t0, t2 - t1, t4 - t3, len(blocks[0])
+    return t1 - t0, t3 - t2, t2 - t1
 
 
-def _prefill(runtime: Any, tokens: list[int]) -> None:
-    runtime.batch.clear()
-    runtime.batch.add_span(tokens, 0, len(tokens), 0, 0, True)
+def _same_next(runtime: Any, n: int) -> bool:
+    """After the last ``_one``: whether slot 0 (prefilled) and slot 1 (restored) pick the same
+    token after one more, decoded in both at position n."""
+    batch = runtime.batch
+    batch.clear()
+    rows = [batch.add(7, n, slot, True) for slot in (0, 1)]
     assert runtime.decode() == 0
-
-
-def _save(runtime: Any, n: int) -> list[bytes]:
-    """What the prefix cache does per evicted block: tag it onto the scratch id, copy out."""
-    blocks = []
-    for start in range(0, n, 16):
-        runtime.share(0, 3, start, start + 16)
-        blocks.append(runtime.save_seq(3))
-        runtime.forget(3)
-    return blocks
-
-
-def _restore(runtime: Any, blocks: list[bytes]) -> None:
-    for i, kv in enumerate(blocks):
-        assert runtime.load_seq(3, kv)
-        runtime.share(3, 1, i * 16, i * 16 + 16)
-        runtime.forget(3)
+    picks = [int(runtime.logits(row).argmax()) for row in rows]
+    return picks[0] == picks[1]
 
 
 # -- (b) and (c) on nodes ------------------------------------------------------------------
@@ -172,37 +191,38 @@ async def second_turns(url: str, histories: list[str], max_tokens: int) -> list[
         ]
 
 
-def row(case: str, mode: str, results: list[Result], host_tokens: float) -> dict[str, Any]:
+def row(case: str, mode: str, results: list[Result], url: str) -> dict[str, Any]:
+    """The results of one node's turns, with its prefix-cache figures from /metrics."""
     ttft = [r.ttft for r in results if r.ttft is not None]
     prompt = sum(r.prompt_tokens for r in results)
     cached = sum(r.cached_tokens for r in results)
+    metrics = scrape(url)
+    hit = "tinyserve_prefix_cache_hit_tokens_total"
+    restore_s = metrics.get("tinyserve_prefix_cache_restore_seconds_total", 0.0)
     return {
         "case": case,
         "mode": mode,
         "requests": len(results),
         "prompt_tokens": prompt,
         "cached_tokens": cached,
-        "from_host_tokens": int(host_tokens),
+        **{f"{tier}_tokens": int(metrics.get(f'{hit}{{tier="{tier}"}}', 0)) for tier in TIERS},
+        "restore_ms": round(restore_s * 1e3, 1),
         "cached_share": round(cached / prompt, 3) if prompt else 0,
         "ttft_p50_s": round(percentile(ttft, 0.5), 3),
         "ttft_p95_s": round(percentile(ttft, 0.95), 3),
     }
 
 
-def host_tokens(url: str) -> float:
-    from common import metric_sum, scrape
-
-    return metric_sum(scrape(url), "tinyserve_prefix_cache_host_hit_tokens_total")
-
-
 def multi_turn(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
-    for mode, mb in (("host tier off", "0"), ("host tier on", str(args.host_cache_mb))):
+    modes = (("host cache off (0 MB)", "0"), (f"host cache {args.host_cache_mb} MB", None))
+    for mode, mb in modes:
         progress(f"(b) {mode}")
-        node = start_node(*args.node_flags, "--host-cache-mb", mb)
+        size = ("--host-cache-mb", mb or str(args.host_cache_mb))
+        node = start_node(*args.node_flags, *size)
         try:
             results = asyncio.run(chats(node.url, args.conversations, args.turns, args.max_tokens))
-            rows.append(row("multi-turn", mode, results, host_tokens(node.url)))
+            rows.append(row("multi-turn", mode, results, node.url))
         finally:
             node.stop(check=False)
         progress(f"  {rows[-1]}")
@@ -226,43 +246,58 @@ def restart(args: argparse.Namespace) -> list[dict[str, Any]]:
         progress(f"(c) {mode}: node ready in {time.perf_counter() - started:.1f} s")
         try:
             results = asyncio.run(second_turns(node.url, histories, args.max_tokens))
-            rows.append(row("second turn after restart", mode, results, host_tokens(node.url)))
+            rows.append(row("second turn after restart", mode, results, node.url))
         finally:
             node.stop(check=False)
         progress(f"  {rows[-1]}")
     return rows
 
 
-def plot(rows: list[dict[str, Any]]) -> None:
-    def draw(ax: Any) -> None:
-        labels = [r["mode"] for r in rows]
-        ax.bar(range(len(rows)), [r["ttft_p50_s"] for r in rows], 0.6, label="p50")
-        ax.scatter(range(len(rows)), [r["ttft_p95_s"] for r in rows], color="k", label="p95")
-        ax.set(xticks=range(len(rows)), ylabel="TTFT (s)", title="host tier (busy machine)")
-        ax.set_xticklabels(labels, rotation=15)
-        ax.legend()
+def plot(rows: list[dict[str, Any]], cost: list[dict[str, Any]]) -> None:
+    panels = [p for p, there in (("cost", cost), ("ttft", rows)) if there]
 
-    print(f"wrote {save_plot('host_cache', draw, width=7.0)}")
+    def draw(axes: Any) -> None:
+        for ax, panel in zip(axes if len(panels) > 1 else [axes], panels, strict=True):
+            if panel == "cost":
+                n = [r["tokens"] for r in cost]
+                for key, label in (("prefill_ms", "prefill"), ("restore_ms", "write from cache"),
+                                   ("store_ms", "store in cache")):  # fmt: skip
+                    ax.plot(n, [r[key] for r in cost], "o-", label=label)
+                ax.set(xscale="log", yscale="log", xlabel="tokens", ylabel="ms",
+                       title="a prefix: prefill, write from host memory, store")  # fmt: skip
+            else:
+                labels = [r["mode"] for r in rows]
+                ax.bar(range(len(rows)), [r["ttft_p50_s"] for r in rows], 0.6, label="p50")
+                ax.scatter(range(len(rows)), [r["ttft_p95_s"] for r in rows], color="k",
+                           label="p95")  # fmt: skip
+                ax.set(xticks=range(len(rows)), ylabel="TTFT (s)", title="turns")
+                ax.set_xticklabels(labels, rotation=15)
+            ax.legend()
+
+    print(f"wrote {save_plot('host_cache', draw, panels=len(panels))}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--ctx", type=int, default=1024, help="small, so the cells overflow")
+    parser.add_argument("--slots", type=int, default=2, help="fewer than the conversations")
+    parser.add_argument("--ctx-per-slot", type=int, default=1024)
     parser.add_argument("--conversations", type=int, default=8)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--host-cache-mb", type=int, default=256)
-    parser.add_argument("--lengths", default="16,64,256,512", help="crossover prompt lengths")
+    parser.add_argument("--host-cache-mb", type=int, default=2048, help="(b)'s cache on")
+    parser.add_argument("--lengths", default="16,64,256,1024,2048", help="(a)'s token counts")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip", default="", help="parts to skip: a, b, c (comma-separated)")
     args = parser.parse_args()
-    args.node_flags = ("--threads", str(args.threads), "--ctx", str(args.ctx))
+    args.node_flags = ("--threads", str(args.threads), "--slots", str(args.slots),
+                       "--ctx-per-slot", str(args.ctx_per_slot))  # fmt: skip
     skip = set(args.skip.split(","))
+    cost = []
     if "a" not in skip:
         lengths = [int(n) for n in args.lengths.split(",")]
-        cross = crossover(args.threads, lengths, args.repeats)
-        print(f"wrote {write_csv('host_cache_crossover', cross)}")
+        cost = in_process(args.threads, lengths, args.repeats)
+        print(f"wrote {write_csv('host_cache_crossover', cost)}")
     rows = []
     if "b" not in skip:
         rows += multi_turn(args)
@@ -270,7 +305,8 @@ def main() -> None:
         rows += restart(args)
     if rows:
         report("host_cache", rows)
-        plot(rows)
+    if rows or cost:
+        plot(rows, cost)
 
 
 if __name__ == "__main__":

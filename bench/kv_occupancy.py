@@ -1,13 +1,17 @@
-"""KV blocks, queue depth and admission outcomes over time under sustained open-loop load.
+"""The slots' KV blocks, queue depth and admission outcomes over time under sustained
+open-loop load.
 
 Requests arrive as a Poisson process at ``--rate`` per second for ``--seconds`` (prompt and
-output lengths drawn per request, prompts sharing one of a few system prefixes, so the
-prefix cache holds blocks too). Every ``--every`` seconds one sample reads, back to back: the
-board (the engine's own accounting, which it writes each pass), the node's /metrics gauges,
-and the client's admission outcomes so far. Each sample reconciles the two engine views
-(used, cached, waiting, running): they are written from one snapshot per engine pass, so under
-load they may differ by what one pass changed between the two reads; once idle they must be
-equal. Writes bench/results/kv_occupancy.csv and .png.
+output lengths drawn per request, prompts sharing one of a few system prefixes, so free slots
+keep blocks a later prompt reuses, and the prefix cache in host memory fills). Every
+``--every`` seconds one sample reads, back to back: the board (the engine's own accounting,
+which it writes each pass), the node's /metrics gauges, and the client's admission outcomes so
+far. The KV blocks are the slots' cells (``--slots`` x ``--ctx-per-slot``): used (filled by
+running requests), cached (kept by free slots of their last request) and free; the prefix
+cache's bytes in host memory are sampled beside them. Each sample reconciles the two engine
+views (used, cached, waiting, running): they are written from one snapshot per engine pass, so
+under load they may differ by what one pass changed between the two reads; once idle they must
+be equal. Writes bench/results/kv_occupancy.csv and .png.
 
     .venv/bin/python bench/kv_occupancy.py                          # five minutes
     .venv/bin/python bench/kv_occupancy.py --seconds 40             # short
@@ -61,6 +65,7 @@ def sample(board: Board, url: str, outcomes: Counter[str], t: float) -> dict[str
         row[f"{field}_metrics"] = int(theirs)
         mismatch += ours != theirs
     row["views_differ"] = mismatch
+    row["prefix_cache_mib"] = round(metric_sum(metrics, "tinyserve_prefix_cache_bytes") / 2**20, 1)
     row["accepted"] = outcomes["200"]
     row["rejected"] = sum(v for k, v in outcomes.items() if k != "200")
     return row
@@ -106,8 +111,8 @@ def plot(rows: list[dict[str, Any]]) -> None:
         top, bottom = axes
         t = [r["t_s"] for r in rows]
         layers = [[r[k] for r in rows] for k in ("blocks_used", "blocks_cached", "blocks_free")]
-        top.stackplot(t, *layers, labels=["used", "cached", "free"])
-        top.set(xlabel="s", ylabel="KV blocks", title="KV blocks (board)")
+        top.stackplot(t, *layers, labels=["used (running)", "kept (free slots)", "free"])
+        top.set(xlabel="s", ylabel="KV blocks", title="slots' KV blocks (board)")
         top.legend(loc="upper right")
         bottom.plot(t, [r["waiting"] for r in rows], label="waiting")
         bottom.plot(t, [r["running"] for r in rows], label="running")
@@ -123,11 +128,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--rate", type=float, default=1.5, help="arrivals per second")
     parser.add_argument("--every", type=float, default=0.5, help="seconds between samples")
-    parser.add_argument("--ctx", type=int, default=2048)
+    # Per slot: the longest request drawn (96 + 256 prompt tokens + 160) fits.
+    parser.add_argument("--ctx-per-slot", type=int, default=768)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    node = start_node("--ctx", str(args.ctx), "--threads", str(args.threads),
+    node = start_node("--ctx-per-slot", str(args.ctx_per_slot), "--threads", str(args.threads),
                       "--max-queue", "16")  # fmt: skip
     board = Board.attach(str(node.runtime_dir / "board"))
     try:

@@ -1,15 +1,17 @@
-"""Long prompts up to the context size: admission, engine memory, prefill speed by length,
+"""Long prompts up to a slot's context: admission, engine memory, prefill speed by length,
 and the refusals at the edge.
 
-A node with ``--ctx`` (16384 by default) and two slots. Prompts are token-id lists sent to
-``/v1/completions`` (so their length is exact) with ``max_tokens`` 1: the reply time is the
-prefill plus one token, so prompt tokens / reply time is the prefill speed. For each length the
-engine's resident memory (VmRSS) is read after the request. At the edge, a prompt with
-``prompt + max_tokens == ctx`` must be admitted (a streamed request: its 200 and headers come
-once the engine accepted it; the client then leaves, which cancels it) and one token more
-refused with a 400 ``context_length_exceeded``. Writes bench/results/long_context.csv and .png.
+A node with two slots of ``--ctx-per-slot`` cells each (8192 by default: the default model's
+training context, and the 16384 cells two slots shared in one pool before issue 32). Prompts
+are token-id lists sent to ``/v1/completions`` (so their length is exact) with ``max_tokens``
+1: the reply time is the prefill plus one token, so prompt tokens / reply time is the prefill
+speed. For each length the engine's resident memory (VmRSS) is read after the request. At the
+edge, a prompt with ``prompt + max_tokens == ctx-per-slot`` must be admitted (a streamed
+request: its 200 and headers come once the engine accepted it; the client then leaves, which
+cancels it) and one token more refused with a 400 ``context_length_exceeded``. Writes
+bench/results/long_context_<ctx-per-slot>.csv and .png.
 
-    .venv/bin/python bench/long_context.py                          # --ctx 16384
+    .venv/bin/python bench/long_context.py                          # --ctx-per-slot 8192
     .venv/bin/python bench/long_context.py --lengths 512,2048             # short
 """
 
@@ -51,13 +53,14 @@ def complete(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ctx", type=int, default=16384)
-    parser.add_argument("--lengths", default="512,2048,4096,8192,12288")
+    parser.add_argument("--ctx-per-slot", type=int, default=8192)
+    parser.add_argument("--lengths", default="512,2048,4096,6144,8000")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args()
-    flags = ["--ctx", str(args.ctx), "--slots", "2", "--threads", str(args.threads)]
+    ctx = args.ctx_per_slot
+    flags = ["--ctx-per-slot", str(ctx), "--slots", "2", "--threads", str(args.threads)]
     flags += ["--chunk", "512", "--max-batch-tokens", "512"]
-    flags += ["--max-tokens-limit", str(args.ctx), "--max-body-bytes", str(8 * 1024**2)]
+    flags += ["--max-tokens-limit", str(ctx), "--max-body-bytes", str(8 * 1024**2)]
     node = start_node(*flags)
     rows = []
     try:
@@ -67,8 +70,8 @@ def main() -> None:
         rows.append({**idle, "prefill_tok_s": None, "engine_rss_mib": round(rss_mib(pid), 1)})
         lengths = [int(x) for x in args.lengths.split(",")]
         cases = [("length", n, 1) for n in lengths]
-        cases += [("edge: prompt + max_tokens = ctx", args.ctx - 4, 4)]
-        cases += [("edge: one token over", args.ctx - 3, 4)]
+        cases += [("edge: prompt + max_tokens = ctx-per-slot", ctx - 4, 4)]
+        cases += [("edge: one token over", ctx - 3, 4)]
         for salt, (case, n, max_tokens) in enumerate(cases):
             edge = case.startswith("edge")
             status, reply, seconds = complete(node.url, model, ids(n, salt), max_tokens, edge)
@@ -88,17 +91,19 @@ def main() -> None:
     finally:
         node.stop(check=False)
     served = [r for r in rows if r["prefill_tok_s"]]
-    report(f"long_context_{args.ctx}", rows)
+    report(f"long_context_{ctx}", rows)
 
     def draw(axes: list[Any]) -> None:
         left, right = axes
         x = [r["prompt_tokens"] for r in served]
         left.plot(x, [r["prefill_tok_s"] for r in served], "o-")
-        left.set(xlabel="prompt tokens", ylabel="tok/s", title=f"prefill speed (--ctx {args.ctx})")
+        left.set(
+            xlabel="prompt tokens", ylabel="tok/s", title=f"prefill speed (--ctx-per-slot {ctx})"
+        )
         right.plot(x, [r["engine_rss_mib"] for r in served], "o-")
         right.set(xlabel="prompt tokens", ylabel="MiB", title="engine resident memory after")
 
-    print(f"wrote {save_plot(f'long_context_{args.ctx}', draw, panels=2)}")
+    print(f"wrote {save_plot(f'long_context_{ctx}', draw, panels=2)}")
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 
 from tinyserve import metrics, protocol
+from tinyserve.engine.host_cache import CacheStats
 from tinyserve.engine.meters import EngineMeter
-from tinyserve.engine.prefix_cache import CacheStats
-from tinyserve.engine.report import RULE_ARRIVAL, Batch, Cause, Finish, Grant, Load, TickReport
+from tinyserve.engine.report import RULE_ARRIVAL, Batch, Cause, Ended, Grant, Load, TickReport
 from tinyserve.engine.timeline import Timeline
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.meters import RequestMeter
@@ -44,14 +44,13 @@ def busy_tick(n_requests: int) -> TickReport:
     """A tick of ``n_requests`` decode rows, one token each; one slot grant, one finish."""
     updates = [protocol.RequestUpdate(f"r{i}", 1, token_ids=[7]) for i in range(n_requests)]
     submit = protocol.Submit("r1", "f" * 32, [1] * 30, protocol.SamplingParams(), 8)
-    finish = Finish(protocol.FINISH_LENGTH, Cause.NONE, 30, 0, Timeline(submit, "fifo"))
+    finish = Ended(protocol.FINISH_LENGTH, Cause.NONE, 30, 0, Timeline(submit, "fifo"))
     return TickReport(
         load(),
         {"f" * 32: updates},
         grants=[Grant("r0", RULE_ARRIVAL, "default", 0, 0.01)],
         finishes=[finish],
         batch=Batch(n_requests, n_requests, 0, n_requests, 0.01),
-        generated=n_requests,
         cache=CacheStats(),
     )
 

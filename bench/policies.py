@@ -123,7 +123,8 @@ def main() -> None:
     rows = []
     for policy in args.policies.split(","):
         flags = ["--policy", policy, *POLICIES[policy], "--slots", str(args.slots)]
-        flags += ["--threads", str(args.threads), "--ctx", "8192", "--max-queue", "256"]
+        # A slot's cells hold a batch request (512 + 128 tokens) three times over.
+        flags += ["--threads", str(args.threads), "--ctx-per-slot", "2048", "--max-queue", "256"]
         node = start_node(*flags)
         try:
             started = time.perf_counter()

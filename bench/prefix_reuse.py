@@ -110,7 +110,7 @@ async def conversations(
                 body: dict[str, Any] = {"prompt": history, "max_tokens": max_tokens}
                 text: list[str] = []
                 result = await stream_request(session, url, body, text_sink=text)
-                while result.status == 503:  # eight growing chats can fill the KV cache
+                while result.status == 503:  # queue_full, were --max-queue below the chats
                     await asyncio.sleep(1)
                     text.clear()
                     result = await stream_request(session, url, body, text_sink=text)

@@ -106,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     prompts = [int(x) for x in args.prompts.split(",")]
     outputs = [int(x) for x in args.outputs.split(",")]
-    flags = ["--threads", str(args.threads), "--slots", "1", "--ctx", "4096"]
+    flags = ["--threads", str(args.threads), "--slots", "1", "--ctx-per-slot", "4096"]
     flags += ["--chunk", str(args.chunk), "--max-batch-tokens", str(args.chunk)]
     node = start_node(*flags)
     measured: dict[tuple[int, int], list[Result]] = {}

@@ -144,7 +144,7 @@ def _decode_steps(server: Server) -> tuple[float, float] | None:
     return metric_sum(metrics, series + "_sum"), metric_sum(metrics, series + "_count")
 
 
-def core_alone(tokens: int, threads: int, ctx: int, slots: int, requests: int) -> float:
+def core_alone(tokens: int, threads: int, ctx_per_slot: int, slots: int, requests: int) -> float:
     """Milliseconds per token after the first of ``requests`` requests (after one to warm up)
     run one at a time through an ``EngineCore`` in this process, with the node's defaults."""
     import llama_cpp
@@ -155,7 +155,8 @@ def core_alone(tokens: int, threads: int, ctx: int, slots: int, requests: int) -
     from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
     from tinyserve.model import resolve_model_path
 
-    config = build_config({"threads": threads, "ctx": ctx, "slots": slots}, environ={})
+    options = {"threads": threads, "ctx_per_slot": ctx_per_slot, "slots": slots}
+    config = build_config(options, environ={})
     runtime = LlamaRuntime(RuntimeSpec.from_config(config))
     core = EngineCore(config, runtime)
     vocab = llama_cpp.Llama(str(resolve_model_path(None)), vocab_only=True, verbose=False)
@@ -168,7 +169,8 @@ def core_alone(tokens: int, threads: int, ctx: int, slots: int, requests: int) -
         first = 0.0
         while core.has_work():
             core.step()
-            if not first and (seq := core.by_id.get(rid)) is not None and seq.generated:
+            seq = core.scheduler.by_id.get(rid)
+            if not first and seq is not None and seq.generated:
                 first = time.perf_counter()
         if i:
             spent += time.perf_counter() - first
@@ -180,12 +182,13 @@ def at_threads(
     threads: int, args: argparse.Namespace, model_path: Path, baseline: Path | None
 ) -> list[dict[str, Any]]:
     server_args = argparse.Namespace(
-        threads=threads, ctx=args.ctx, slots=args.slots, frontends=args.frontends,
+        threads=threads, ctx_per_slot=args.ctx_per_slot, slots=args.slots, frontends=args.frontends,
         llama_server_flag=[], tinyserve_flag=args.tinyserve_flag,
     )  # fmt: skip
-    bare = in_fresh_process("raw", "raw_single", [64], args.tokens, threads, args.ctx, 512)
+    ctx = args.ctx_per_slot  # one sequence: the bare context is one slot's cells
+    bare = in_fresh_process("raw", "raw_single", [64], args.tokens, threads, ctx, 512)
     core = in_fresh_process(
-        "stream_cost", "core_alone", args.tokens, threads, args.ctx, args.slots, args.requests
+        "stream_cost", "core_alone", args.tokens, threads, ctx, args.slots, args.requests
     )
     servers = [start_llama_server(server_args, model_path)]
     try:
@@ -245,7 +248,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--requests", type=int, default=3, help="per round and server")
     parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--ctx", type=int, default=4096)
+    parser.add_argument("--ctx-per-slot", type=int, default=4096, help="KV cells of each slot")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--frontends", type=int, default=2)
     tinyserve_flag_argument(parser)

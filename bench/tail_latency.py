@@ -34,7 +34,9 @@ from common import (
     write_csv,
 )
 
-CTX = 16384  # room for every decoder's and long prompt's worst case at once
+# A slot's cells: room for a decoder's (16 + 1500 tokens) and the longest prompt's worst case;
+# the decoders and the long prompts' slot take 5 x 3072 cells, about the 16384 one pool had.
+CTX_PER_SLOT = 3072
 WHOLE = 4096  # 'off': a chunk larger than any long prompt, so each goes in one tick
 
 
@@ -76,7 +78,7 @@ async def window(url: str, args: argparse.Namespace) -> tuple[list[float], list[
 def node_flags(chunk: str, slots: int, threads: int) -> list[str]:
     size = WHOLE if chunk == "off" else int(chunk)
     budget = size + slots
-    return ["--ctx", str(CTX), "--slots", str(slots), "--threads", str(threads),
+    return ["--ctx-per-slot", str(CTX_PER_SLOT), "--slots", str(slots), "--threads", str(threads),
             "--chunk", str(size), "--max-batch-tokens", str(budget)]  # fmt: skip
 
 

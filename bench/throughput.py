@@ -1,7 +1,8 @@
 """Aggregate throughput through one frontend vs. the raw batched ``llama_decode`` ceiling.
 
 In one run: (1) the ceiling: the default model driven by a bare loop of batched
-``llama_decode`` + greedy sampling at each batch size, no server; (2) the same model behind a
+``llama_decode`` + greedy sampling at each batch size, no server, with the node's KV layout
+(``--ctx-per-slot`` cells per sequence, each attending over its own); (2) the same model behind a
 TinyServe node with ONE frontend, C concurrent streaming clients for each concurrency C:
 aggregate generated tok/s, TTFT p50/p95 and inter-token latency p50. Prints both and the ratio.
 
@@ -37,13 +38,14 @@ def raw_ceiling(
     steps: int,
     threads: int,
     ctx: int,
-    unified: bool = True,
+    unified: bool = False,
     parked: int = 0,
 ) -> float:
     """Generated tok/s of a bare loop: prefill ``batch`` prompts, then ``steps`` decode ticks.
 
-    ``unified``: one pool of KV cells for all sequences (TinyServe's layout); otherwise
-    llama.cpp gives each sequence ``ctx / batch`` cells of its own (llama-server's default).
+    ``ctx`` cells in all. Not ``unified`` (the default): llama.cpp gives each sequence
+    ``ctx / batch`` cells of its own (llama-server's default, TinyServe's layout since issue
+    32); ``unified``: one pool of cells for all sequences (TinyServe's layout before).
     ``parked``: cells held first by one more sequence that never decodes, below the running
     ones (as a parked prefix holds them in a unified cache); not timed."""
     import llama_cpp
@@ -104,8 +106,10 @@ def _fill(batch: Any, rows: list[tuple[int, int, int, bool]]) -> None:
 
 
 def ceiling_in_subprocess(batch: int, args: argparse.Namespace) -> float:
-    """Run ``raw_ceiling`` in a fresh process so its memory and threads are gone afterwards."""
-    numbers = (batch, args.prompt_tokens, args.max_tokens, args.threads, args.ctx)
+    """Run ``raw_ceiling`` in a fresh process so its memory and threads are gone afterwards:
+    ``batch`` sequences of ``args.ctx_per_slot`` cells each."""
+    ctx = batch * args.ctx_per_slot
+    numbers = (batch, args.prompt_tokens, args.max_tokens, args.threads, ctx)
     return float(in_fresh_process("throughput", "raw_ceiling", *numbers))
 
 
@@ -133,14 +137,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=16, help="ceiling's prompt length")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--ctx", type=int, default=4096)
+    # PROMPT and a --max-tokens up to ~490 fit; 8 slots of it: the 4096 cells one pool had.
+    parser.add_argument("--ctx-per-slot", type=int, default=512)
     parser.add_argument("--slots", type=int, default=8)
     args = parser.parse_args()
     node = start_node(
         "--threads",
         str(args.threads),
-        "--ctx",
-        str(args.ctx),
+        "--ctx-per-slot",
+        str(args.ctx_per_slot),
         "--slots",
         str(args.slots),
         "--max-queue",
