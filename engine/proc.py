@@ -265,6 +265,7 @@ class EngineProcess:
             self.config.block_size,
             self.core.load().blocks_total,
             self.config.max_queue,
+            self.config.gpu_layers,
         )
         self.outbox.send_multipart([topic(hello.frontend_id), encode(ack)])
 

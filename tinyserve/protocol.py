@@ -277,6 +277,7 @@ class HelloAck(Message):
     block_size: int
     blocks_total: int
     max_queue: int
+    gpu_layers: int = 0  # layers the engine offloaded to a GPU (-1: all of them)
 
 
 @dataclass(frozen=True, slots=True)

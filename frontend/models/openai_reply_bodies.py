@@ -170,6 +170,10 @@ class Model(Reply):
     object: Literal["model"] = "model"
     created: int
     owned_by: str
+    max_model_len: int = Field(
+        description="the most one request (prompt and max_tokens) may fill: one slot's KV cells"
+    )
+    gpu_layers: int | Literal["all"] = Field(description="model layers offloaded to a GPU")
     sampling_defaults: dict[str, int | float] = Field(
         description="what a request that leaves out temperature, top_k, top_p or min_p gets"
     )

@@ -31,6 +31,7 @@ from tinyserve.frontend.request.sampling_defaults import (
     with_defaults,
 )
 from tinyserve.frontend.structured.constraints import constrained
+from tinyserve.protocol import HelloAck
 
 OWNED_BY = "tinyserve"
 
@@ -50,10 +51,13 @@ async def retrieve_model(request: web.Request) -> web.Response:
 def _model_entry(request: web.Request) -> Model:
     created = int(request.app[TOKENIZER].facts.model_path.stat().st_mtime)
     defaults = _defaults(request)
+    ack = _engine_ack(request)
     return Model(
-        id=_served_model(request),
+        id=ack.model_name,
         created=created,
         owned_by=OWNED_BY,
+        max_model_len=ack.n_ctx,
+        gpu_layers="all" if ack.gpu_layers < 0 else ack.gpu_layers,
         sampling_defaults=defaults.values,
         sampling_defaults_source=defaults.sources,
     )
@@ -107,11 +111,15 @@ def _reply(
 
 
 def _served_model(request: web.Request) -> str:
+    return _engine_ack(request).model_name
+
+
+def _engine_ack(request: web.Request) -> HelloAck:
     # The engine's word, not our config: it is the one that loaded the model.
     ack = request.app[LINK].ack
     if ack is None:
         raise engine_unavailable()
-    return ack.model_name
+    return ack
 
 
 def _check_model(request: web.Request, model: str) -> None:

@@ -109,6 +109,7 @@ async def test_the_context_a_request_may_fill_is_one_slots_cells(node: Node) -> 
     async with aiohttp.ClientSession() as s:
         async with s.get(node.url + "/v1/models") as resp:
             model = (await resp.json())["data"][0]
+        assert (model["max_model_len"], model["gpu_layers"]) == (CTX_PER_SLOT, 0)
         body = {"model": model["id"], "prompt": "Once upon a time", "max_tokens": CTX_PER_SLOT}
         async with s.post(node.url + "/v1/completions", json=body) as resp:
             error = await resp.json()
