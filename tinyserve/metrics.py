@@ -37,7 +37,8 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # tokens while others share the batch), which would otherwise all land in +Inf.
 SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60,
            120, 300, 600)  # fmt: skip
-# Token counts in powers of two: a request's prompt or output, a tick's batch (--ctx bounds all).
+# Token counts in powers of two: a request's prompt or output, a tick's batch (bounded by one
+# slot's cells and --max-batch-tokens).
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # Requests in one batch: one per slot (--slots, 8 by default).
 BATCH = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
