@@ -23,6 +23,7 @@ setup(
         "tinyserve",
         "tinyserve.engine",
         "tinyserve.frontend",
+        "tinyserve.frontend.anthropic",
         "tinyserve.frontend.dashboard",
         "tinyserve.frontend.dashboard.static",  # data only: listed so setuptools ships it
         "tinyserve.frontend.http",
@@ -31,6 +32,7 @@ setup(
         "tinyserve.frontend.native",
         "tinyserve.frontend.openai",
         "tinyserve.frontend.request",
+        "tinyserve.frontend.responses",
         "tinyserve.frontend.structured",
         "tinyserve.frontend.tokenize",
         "tinyserve_native",

@@ -220,6 +220,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_connections", _nnint, 256, "requests in progress per frontend (0: any)", _FE),
     Option("write_timeout", _nnfloat, 30.0, "seconds a stalled client may block (0: none)", _FE),
     Option("body_timeout", _nnfloat, 30.0, "seconds to send a request body (0: none)", _FE),
+    Option("sse_ping_interval", _nnfloat, 10.0, "seconds of silence before a keep-alive", _FE),
     # launcher
     Option("frontends", _pint, 2, "frontend processes to start", _SRV),
     Option("restart_limit", _nnint, 5, "restarts of a process per --restart-interval", _SRV),
@@ -281,6 +282,7 @@ class Config:
     max_connections: int
     write_timeout: float
     body_timeout: float
+    sse_ping_interval: float
 
     @property
     def engine_in(self) -> str:

@@ -73,7 +73,14 @@ class Request(Body):
         # An unknown field stays, null or not, so that it is still refused.
         if not isinstance(data, dict):
             return data
-        return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+        known = _input_names(cls)
+        return {k: v for k, v in data.items() if v is not None or k not in known}
+
+
+@functools.cache
+def _input_names(model: type[BaseModel]) -> frozenset[str]:
+    """The keys a body of ``model`` may hold: its fields' names, or their aliases."""
+    return frozenset(info.alias or name for name, info in model.model_fields.items())
 
 
 class Reply(BaseModel):

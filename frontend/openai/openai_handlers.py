@@ -43,7 +43,7 @@ async def list_models(request: web.Request) -> web.Response:
 async def retrieve_model(request: web.Request) -> web.Response:
     """The served model by its id (the openai client's ``models.retrieve``); another id is
     a 404."""
-    _check_model(request, request.match_info["model"])
+    check_model(request, request.match_info["model"])
     return json_response(_model_entry(request))
 
 
@@ -63,7 +63,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     """Continue a prompt (a string or token ids); JSON or SSE."""
     config = request.app[CONFIG]
     req = parse_body(await json_body(request), CompletionRequest, config)
-    _check_model(request, req.model)
+    check_model(request, req.model)
     generation = with_defaults(req.generation(config), req, _defaults(request))
     generation = await _constrained(request, req, generation)
     reply = _reply(request, req, COMPLETIONS, generation.sampling.logprobs)
@@ -74,22 +74,32 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     """Answer a conversation, rendered with the model's own chat template; JSON or SSE."""
     config = request.app[CONFIG]
     req = parse_body(await json_body(request), ChatCompletionRequest, config)
-    _check_model(request, req.model)
-    chat = req.conversation.render(request.app[CHAT_TEMPLATE])
-    # Tokenized here, in parts: the messages' text must never become control tokens.
-    prompt_ids = await request.app[TOKENIZER].tokenize_chat(chat)
-    generation = dataclasses.replace(req.generation(config), prompt=chat.text)
-    generation = with_defaults(generation, req, _defaults(request))
-    generation = await constrained(request, generation, req.constraint())
+    check_model(request, req.model)
+    generation, prompt_ids = await chat_generation(request, req)
     reply = _reply(request, req, CHAT, generation.sampling.logprobs)
     reply.tool_calls = req.calls_tools
     if req.n > 1:
         plan = choices.plan(generation, 1, req.n)
-        prompt = choices.Prompt(prompt_ids, chat.text)
+        prompt = choices.Prompt(prompt_ids, generation.prompt)
         if req.stream:
             return await choices.stream_reply(request, reply, plan, [prompt])
         return await choices.json_reply(request, reply, plan, [prompt])
     return await pipeline.run(request, generation, reply, prompt_ids)
+
+
+async def chat_generation(
+    request: web.Request, req: ChatCompletionRequest
+) -> tuple[Generation, list[int]]:
+    """The conversation of ``req`` rendered with the chat template and tokenized, and the
+    request as the pipeline runs it (serve-side defaults, its constraint built and checked):
+    what every surface that speaks in conversations sends to the engine."""
+    chat = req.conversation.render(request.app[CHAT_TEMPLATE])
+    # Tokenized here, in parts: the messages' text must never become control tokens.
+    prompt_ids = await request.app[TOKENIZER].tokenize_chat(chat)
+    generation = dataclasses.replace(req.generation(request.app[CONFIG]), prompt=chat.text)
+    generation = with_defaults(generation, req, _defaults(request))
+    generation = await constrained(request, generation, req.constraint())
+    return generation, prompt_ids
 
 
 def _defaults(request: web.Request) -> SamplingDefaults:
@@ -119,7 +129,7 @@ def _served_model(request: web.Request) -> str:
     return ack.model_name
 
 
-def _check_model(request: web.Request, model: str) -> None:
+def check_model(request: web.Request, model: str) -> None:
     """A 404 for a model this server does not serve. Without the engine's word there is none
     to check against: the pipeline answers that 503, counted and logged as every request's."""
     ack = request.app[LINK].ack
