@@ -26,8 +26,10 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 from tinyserve.frontend.models.chat import ChatCompletionRequest
 from tinyserve.frontend.models.common import (
     IGNORED,
+    OUTPUT_LENGTH,
     RULE,
     Body,
+    Integer,
     Number,
     OnlyDefault,
     Request,
@@ -35,7 +37,7 @@ from tinyserve.frontend.models.common import (
     cross_field,
     schema_rule,
 )
-from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, OutputLength, Sampling, Stop
+from tinyserve.frontend.models.fields import Sampling, Stop
 from tinyserve.frontend.models.openai_requests import ModelId
 from tinyserve.frontend.models.tools import FunctionName
 from tinyserve.frontend.models.translated import (
@@ -80,13 +82,14 @@ class ToolResultBlock(Body):
 
     type: Literal["tool_result"]
     tool_use_id: Text
-    content: TextOrBlocks = ""
-    is_error: bool = Field(False, description="the model reads the result as an error")
+    content: TextOrBlocks | None = Field(None, description="text (none: empty)")
+    is_error: bool | None = Field(False, description="the model reads the result as an error")
     cache_control: Any = Field(None, description=IGNORED)
 
     @property
     def text(self) -> str:
-        text = self.content if isinstance(self.content, str) else _joined(self.content)
+        content = self.content or ""
+        text = content if isinstance(content, str) else _joined(content)
         return f"Error: {text}" if self.is_error else text
 
 
@@ -178,7 +181,7 @@ class AnthropicTool(Body):
 
 
 class _Choice(Body):
-    disable_parallel_tool_use: bool = Field(False, description="at most one tool use")
+    disable_parallel_tool_use: bool | None = Field(False, description="at most one tool use")
 
 
 class AutoChoice(_Choice):
@@ -315,7 +318,9 @@ _SAMPLING = frozenset(Sampling.model_fields)
 class MessagesRequest(AnthropicConversation, Sampling):
     """``POST /v1/messages``."""
 
-    max_tokens: OutputLength = Field(description=MAX_TOKENS_TEXT.replace(" (--default", " (no"))
+    max_tokens: Annotated[int, Integer(1), OUTPUT_LENGTH] = Field(
+        description="tokens to generate (at most --max-tokens-limit)"
+    )
     stop: Stop = Field(
         [],
         alias="stop_sequences",

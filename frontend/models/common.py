@@ -251,6 +251,12 @@ def limited(model: type[B], limit: int) -> type[B]:
     return cast(type[B], _limited(model, limit))
 
 
+def _bounded(low: int, limit: int, required: bool) -> Any:
+    # A required length (Anthropic's max_tokens) may not be null: null would mean "absent".
+    bounded = Annotated[int, Integer(low, limit)]
+    return bounded if required else bounded | None
+
+
 def _described(info: Any) -> Any:
     return Field(info.default, description=info.description)
 
@@ -259,7 +265,7 @@ def _described(info: Any) -> Any:
 def _limited(model: type[BaseModel], limit: int) -> type[BaseModel]:
     lows = {OUTPUT_LENGTH: 1, OUTPUT_LENGTH_OR_0: 0}
     fields: dict[str, Any] = {
-        name: (Annotated[int, Integer(lows[mark], limit)] | None, _described(info))
+        name: (_bounded(lows[mark], limit, info.is_required()), _described(info))
         for name, info in model.model_fields.items()
         for mark in lows
         if mark in info.metadata

@@ -83,7 +83,7 @@ class _Item(Body):
 class MessageItem(_Item):
     """A message; ``developer`` is taken as ``system``, parts joined by newlines."""
 
-    type: Literal["message"] = "message"
+    type: Literal["message"] | None = Field("message", description="may be left out")
     role: Literal["user", "assistant", "system", "developer"]
     content: PartsContent
     phase: Any = Field(None, description=IGNORED)
@@ -122,7 +122,11 @@ class FunctionCallOutputItem(_Item):
 
 def _item_kind(value: Any) -> str | None:
     # A message may leave its type out (OpenAI's "easy input message").
-    return type_of({"type": "message", **value}) if isinstance(value, dict) else None
+    return (
+        type_of({**value, "type": value.get("type") or "message"})
+        if isinstance(value, dict)
+        else None
+    )
 
 
 Item = Annotated[

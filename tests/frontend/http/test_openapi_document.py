@@ -77,6 +77,7 @@ def test_every_reference_resolves() -> None:
         ("GenerateRequest", ["max_tokens"], 1),
         ("CompletionRequest", ["max_tokens"], 0),  # 0 with echo: the prompt alone
         ("ChatCompletionRequest", ["max_tokens", "max_completion_tokens"], 1),
+        ("ResponsesRequest", ["max_output_tokens"], 1),
     ],
 )
 def test_output_lengths_carry_the_node_limit(schema: str, fields: list[str], low: int) -> None:
@@ -87,6 +88,13 @@ def test_output_lengths_carry_the_node_limit(schema: str, fields: list[str], low
     assert "maximum" not in json.dumps(
         document()["components"]["schemas"][schema]["properties"][fields[0]]
     )
+
+
+def test_a_required_output_length_carries_the_limit_and_is_never_null() -> None:
+    schema = DOC["components"]["schemas"]["MessagesRequest"]
+    assert "max_tokens" in schema["required"]
+    bounded = schema["properties"]["max_tokens"]
+    assert (bounded["type"], bounded["minimum"], bounded["maximum"]) == ("integer", 1, 256)
 
 
 def sse_payloads(body: bytes) -> list[Any]:
