@@ -45,6 +45,7 @@ from tinyserve.frontend.models.translated import (
     TEXT,
     by_type,
     chat_request,
+    sampling_fields,
     tag,
     text_or_list,
     type_of,
@@ -312,9 +313,6 @@ class CountTokensRequest(AnthropicConversation):
     """``POST /v1/messages/count_tokens``."""
 
 
-_SAMPLING = frozenset(Sampling.model_fields)
-
-
 class MessagesRequest(AnthropicConversation, Sampling):
     """``POST /v1/messages``."""
 
@@ -335,7 +333,7 @@ class MessagesRequest(AnthropicConversation, Sampling):
         """The equivalent chat completion request, sampling fields included (those left out
         stay out: the serve-side defaults apply)."""
         fields = self.chat_fields()
-        fields |= {name: getattr(self, name) for name in self.model_fields_set & _SAMPLING}
+        fields |= sampling_fields(self)
         fields["max_tokens"] = self.max_tokens
         if self.metadata is not None and self.metadata.user_id:
             fields["user"] = self.metadata.user_id

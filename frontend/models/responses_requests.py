@@ -41,6 +41,7 @@ from tinyserve.frontend.models.translated import (
     TEXT,
     by_type,
     chat_request,
+    sampling_fields,
     tag,
     text_or_list,
     type_of,
@@ -227,9 +228,6 @@ class TextConfig(Body):
 
 # -- the request ----------------------------------------------------------------------------------
 
-_SAMPLING = frozenset(Sampling.model_fields)
-
-
 # The document states that a tool choice other than auto and none needs tools; that
 # text.format excludes tools is the field's description (and the tests' UNSTATED_RULES).
 _CHOICE_NEEDS_TOOLS = schema_rule(
@@ -288,7 +286,7 @@ class ResponsesRequest(Sampling):
     def chat_request(self) -> ChatCompletionRequest:
         """The equivalent chat completion request (sampling fields left out stay out: the
         serve-side defaults apply)."""
-        fields = {name: getattr(self, name) for name in self.model_fields_set & _SAMPLING}
+        fields = sampling_fields(self)
         fields |= {
             "model": self.model,
             "messages": self._messages(),

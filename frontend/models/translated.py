@@ -11,9 +11,11 @@ from pydantic import Discriminator, ValidationError
 
 from tinyserve.frontend.models.chat import ChatCompletionRequest
 from tinyserve.frontend.models.common import RULE
+from tinyserve.frontend.models.fields import Sampling
 from tinyserve.frontend.models.parse import api_error
 
 TEXT, LIST = "(text)", "(list)"  # branch tags: ``parse._path`` leaves them out
+_SAMPLING = frozenset(Sampling.model_fields)
 
 
 def type_of(value: Any) -> str | None:
@@ -44,6 +46,12 @@ def text_or_list(phrase: str) -> Discriminator:
     return Discriminator(
         _text_or_list, custom_error_type=RULE, custom_error_message=f"must be a string or {phrase}"
     )
+
+
+def sampling_fields(req: Sampling) -> dict[str, Any]:
+    """The sampling fields ``req`` gives; those it leaves out stay out of the chat request,
+    so that the serve-side defaults apply to them."""
+    return {name: getattr(req, name) for name in req.model_fields_set & _SAMPLING}
 
 
 def chat_request(fields: dict[str, Any]) -> ChatCompletionRequest:
