@@ -1,9 +1,11 @@
 """Turning a request's stream into the HTTP reply: one JSON object, or Server-Sent Events.
 
-The machinery every API surface shares (``native.native_reply`` and ``openai.openai_reply``
-build on it): ``collect`` for a whole output, ``write_sse`` for an event stream that always
-ends, ``finish_error`` for the error a finish maps to, and the errors of an engine that is
-away or turned the request down.
+The machinery every API surface shares (``native.native_reply``, ``openai.openai_reply`` and
+the replies of the surfaces translated into chat build on it): ``collect`` for a whole
+output, ``write_sse`` for an event stream that always ends and is kept alive while it has
+nothing to say, ``progress_of`` for the prefill progress a request asked for,
+``finish_error`` for the error a finish maps to, and the errors of an engine that is away or
+turned the request down.
 """
 
 from __future__ import annotations
