@@ -24,6 +24,7 @@ setup(
         "tinyserve.cli",
         "tinyserve.engine",
         "tinyserve.frontend",
+        "tinyserve.frontend.anthropic",
         "tinyserve.frontend.dashboard",
         "tinyserve.frontend.dashboard.static",  # data only: listed so setuptools ships it
         "tinyserve.frontend.http",
@@ -32,6 +33,7 @@ setup(
         "tinyserve.frontend.native",
         "tinyserve.frontend.openai",
         "tinyserve.frontend.request",
+        "tinyserve.frontend.responses",
         "tinyserve.frontend.structured",
         "tinyserve.frontend.tokenize",
         "tinyserve_native",

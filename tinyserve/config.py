@@ -262,6 +262,7 @@ OPTIONS: tuple[Option, ...] = (
         _FE,
         ("auto", "none"),
     ),
+    Option("sse_ping_interval", _nnfloat, 10.0, "seconds of silence before a keep-alive", _FE),
     # launcher
     Option("frontends", _pint, 2, "frontend processes to start", _SRV),
     Option("restart_limit", _nnint, 5, "restarts of a process per --restart-interval", _SRV),
@@ -325,6 +326,7 @@ class Config:
     write_timeout: float
     body_timeout: float
     reasoning_format: str
+    sse_ping_interval: float
 
     @property
     def engine_in(self) -> str:

@@ -308,6 +308,10 @@ class RequestUpdate(Message):
     # When Submit.prompt_logprobs >= 0: entries (as ``logprobs``) for the prompt tokens whose
     # logits this tick computed, in prompt order from the second token on.
     prompt_logprobs: list[list[Any]] = field(default_factory=list)
+    # Prompt tokens in the request's KV cells after this tick, cached ones included, on the
+    # update of every tick that ran one of its prefill chunks (0: no news); the frontend turns
+    # it into progress events. ``cached_tokens`` comes with it from the first such update on.
+    prompt_done: int = 0
 
     @property
     def ended(self) -> bool:

@@ -27,10 +27,9 @@ from tinyserve.frontend.dashboard.hub import FEED_HUB, RENEW_S, Viewer, sse_fram
 from tinyserve.frontend.http.api_errors import ApiError
 from tinyserve.frontend.http.appkeys import CLIENT, LINK
 from tinyserve.frontend.http.gate import GATE
-from tinyserve.frontend.request.reply_common import SSE_HEADERS, engine_unavailable
+from tinyserve.frontend.request.reply_common import KEEPALIVE, SSE_HEADERS, engine_unavailable
 
 WRITE_TIMEOUT_S = 5.0  # a viewer whose socket takes no more bytes for this long is gone
-KEEPALIVE = b": keep-alive\n\n"
 END_DRAINING = "draining"
 END_SLOW = "slow_viewer"
 END_ENGINE_GONE = "engine_gone"  # the engine its hello described went away or was replaced

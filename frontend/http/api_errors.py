@@ -3,19 +3,28 @@
 A native error body is ``{"error": {"type": ..., "message": ...}}``; a 503 or 429 adds
 ``"reason"`` inside ``error`` and a ``Retry-After`` header, so a balancer (nginx) can retry
 elsewhere and a client knows when to come back. Under ``/v1/`` the body follows OpenAI's
-shape instead, ``{"error": {"message", "type", "param", "code"}}``, with the same status and
-headers.
+shape instead, ``{"error": {"message", "type", "param", "code"}}``, and under
+``/v1/messages`` Anthropic's, ``{"type": "error", "error": {"type", "message", "code"}}``,
+with the same status and headers.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
 from aiohttp import web
 
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.errors import Error, ErrorDetail, OpenAIError, OpenAIErrorDetail
+from tinyserve.frontend.models.errors import (
+    AnthropicError,
+    AnthropicErrorDetail,
+    Error,
+    ErrorDetail,
+    OpenAIError,
+    OpenAIErrorDetail,
+)
 from tinyserve.logs import fields
 
 log = logging.getLogger(__name__)
@@ -46,8 +55,22 @@ def status_when_gone(request: web.Request) -> int:
     return sent
 
 
-# Paths whose errors take OpenAI's shape.
+# Paths whose errors take OpenAI's shape, and within them those that take Anthropic's.
 OPENAI_PREFIX = "/v1/"
+ANTHROPIC_PATH = "/v1/messages"
+# The error body an API surface answers with.
+Shape = Literal["native", "openai", "anthropic"]
+# Anthropic's class of error by status (its API's error types); others are invalid requests
+# (4xx) or api_error (5xx).
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
 
 # aiohttp raises these itself (unknown route, wrong method, body over client_max_size).
 _HTTP_TYPES = {
@@ -95,15 +118,26 @@ class ApiError(Exception):
         detail = OpenAIErrorDetail(message=self.message, type=type_, param=self.param, code=code)
         return OpenAIError(error=detail)
 
-    def response(self, *, openai: bool = False) -> web.Response:
-        """This error as an aiohttp response, in the native or the OpenAI shape."""
+    def anthropic_body(self) -> AnthropicError:
+        """This error in Anthropic's shape: ``type`` is Anthropic's class of error for the
+        status, ``code`` our precise type (or the 503 reason) as in OpenAI's shape; the
+        message names the field at fault, as every message of ours does."""
+        default = "invalid_request_error" if self.status < 500 else "api_error"
+        kind = _ANTHROPIC_TYPES.get(self.status, default)
+        detail = AnthropicErrorDetail(
+            type=kind, message=self.message, code=self.reason or self.type
+        )
+        return AnthropicError(error=detail, request_id=self.request_id)
+
+    def response(self, shape: Shape = "native") -> web.Response:
+        """This error as an aiohttp response, in the shape of an API surface."""
         headers = dict(self.headers)
         if self.retry_after is not None:
             headers["Retry-After"] = str(self.retry_after)
         if self.request_id is not None:
             headers["X-Request-Id"] = self.request_id
-        body = self.openai_body() if openai else self.body()
-        return json_response(body, status=self.status, headers=headers)
+        bodies = {"native": self.body, "openai": self.openai_body, "anthropic": self.anthropic_body}
+        return json_response(bodies[shape](), status=self.status, headers=headers)
 
 
 def invalid(message: str, param: str | None = None) -> ApiError:
@@ -129,24 +163,26 @@ def unavailable(reason: str, message: str, retry_after: int) -> ApiError:
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Turn ``ApiError`` and aiohttp's own HTTP errors into the JSON error shape of the path."""
-    openai = is_openai_path(request.path)
+    shape = shape_of(request.path)
     try:
         return await handler(request)
     except ApiError as exc:
-        return exc.response(openai=openai)
+        return exc.response(shape)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _from_http_exception(exc).response(openai=openai)
+        return _from_http_exception(exc).response(shape)
     except Exception:
         # A bug of ours: the client still gets the JSON shape, the log gets the traceback.
         log.exception("unhandled error", extra=fields(path=request.path))
-        return ApiError(500, INTERNAL_ERROR, "internal server error").response(openai=openai)
+        return ApiError(500, INTERNAL_ERROR, "internal server error").response(shape)
 
 
-def is_openai_path(path: str) -> bool:
-    """Whether errors on ``path`` take OpenAI's shape."""
-    return path.startswith(OPENAI_PREFIX)
+def shape_of(path: str) -> Shape:
+    """The error shape of the surface ``path`` belongs to."""
+    if path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"):
+        return "anthropic"
+    return "openai" if path.startswith(OPENAI_PREFIX) else "native"
 
 
 def _from_http_exception(exc: web.HTTPException) -> ApiError:

@@ -1,4 +1,5 @@
-"""Bearer API keys: ``Authorization: Bearer <key>`` on every route but the open ones.
+"""API keys: ``Authorization: Bearer <key>`` (or ``x-api-key: <key>``, as Anthropic's clients
+send it) on every route but the open ones.
 
 Keys come from ``--api-key`` (repeatable; ``TINYSERVE_API_KEY=a,b``) and ``--api-key-file``
 (one key per line, ``#`` comments and blank lines ignored). No key configured: no check.
@@ -29,7 +30,8 @@ OPEN_PATHS = frozenset({"/health", "/ready", "/openapi.json"})
 OPEN_PREFIX = "/dashboard"
 METRICS_PATH = "/metrics"
 INVALID_API_KEY = "invalid_api_key"
-UNAUTHORIZED = "a valid API key is required: Authorization: Bearer <key>"
+UNAUTHORIZED = "a valid API key is required: Authorization: Bearer <key>, or x-api-key: <key>"
+API_KEY_HEADER = "x-api-key"
 
 
 class ApiKeys:
@@ -91,6 +93,14 @@ def bearer_token(header: str | None) -> str | None:
     return token
 
 
+def presented_key(request: web.Request) -> str | None:
+    """The key ``request`` presents: its bearer token, else its ``x-api-key`` header."""
+    token = bearer_token(request.headers.get("Authorization"))
+    if token is None:
+        token = request.headers.get(API_KEY_HEADER, "").strip() or None
+    return token
+
+
 def unauthorized() -> ApiError:
     """The one 401 for a missing, malformed or unknown key."""
     return ApiError(401, INVALID_API_KEY, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
@@ -115,7 +125,7 @@ def auth_middleware(keys: ApiKeys, config: Config) -> Middleware:
     @web.middleware
     async def check_key(request: web.Request, handler: Handler) -> web.StreamResponse:
         if needs_key(request.path, config):
-            token = bearer_token(request.headers.get("Authorization"))
+            token = presented_key(request)
             if token is None or not keys.accepts(token):
                 refused.warning("refused request without a valid API key", path=request.path)
                 raise unauthorized()

@@ -22,12 +22,23 @@ from pydantic_core import core_schema
 from tinyserve.frontend.dashboard import models as dashboard
 from tinyserve.frontend.http.appkeys import CONFIG
 from tinyserve.frontend.http.auth import is_open
-from tinyserve.frontend.models import chat, native, openai_reply_bodies, openai_requests, tokenize
+from tinyserve.frontend.models import (
+    anthropic_replies,
+    anthropic_requests,
+    chat,
+    native,
+    openai_reply_bodies,
+    openai_requests,
+    responses_replies,
+    responses_requests,
+    tokenize,
+)
 from tinyserve.frontend.models.common import limited
-from tinyserve.frontend.models.errors import Error, OpenAIError
+from tinyserve.frontend.models.errors import AnthropicError, Error, OpenAIError
 
 OPENAPI_VERSION = "3.1.0"
-BEARER = "bearer"  # the security scheme of the API keys
+BEARER = "bearer"  # the security schemes of the API keys: a bearer token, or x-api-key
+API_KEY = "apiKey"
 REF = "#/components/schemas/{model}"
 SSE = "text/event-stream"
 Schema = dict[str, Any]
@@ -55,6 +66,7 @@ class Operation:
     errors: tuple[int, ...] = ()
     error_schema: Model = Error
     media: str = "application/json"  # of the 200 body
+    done: bool = False  # its stream ends with the literal [DONE] (OpenAI's chat and completions)
 
 
 _GENERATION_ERRORS = (400, 404, 415, 429, 500, 503)
@@ -70,10 +82,20 @@ OPERATIONS: tuple[Operation, ...] = (
               openai_reply_bodies.Model, errors=(404, 503), error_schema=OpenAIError),
     Operation("post", "/v1/completions", "OpenAI completions", openai_reply_bodies.Completion,
               openai_requests.CompletionRequest, openai_reply_bodies.CompletionChunk,
-              _GENERATION_ERRORS, OpenAIError),
+              _GENERATION_ERRORS, OpenAIError, done=True),
     Operation("post", "/v1/chat/completions", "OpenAI chat completions",
               openai_reply_bodies.ChatCompletion, chat.ChatCompletionRequest,
-              openai_reply_bodies.ChatCompletionChunk, _GENERATION_ERRORS, OpenAIError),
+              openai_reply_bodies.ChatCompletionChunk, _GENERATION_ERRORS, OpenAIError,
+              done=True),
+    Operation("post", "/v1/responses", "OpenAI Responses, stateless (events named by their "
+              "type)", responses_replies.Response, responses_requests.ResponsesRequest,
+              responses_replies.ResponsesEvent, _GENERATION_ERRORS, OpenAIError),
+    Operation("post", "/v1/messages", "Anthropic Messages (events named by their type)",
+              anthropic_replies.Message, anthropic_requests.MessagesRequest,
+              anthropic_replies.MessagesEvent, _GENERATION_ERRORS, AnthropicError),
+    Operation("post", "/v1/messages/count_tokens", "The prompt tokens of an Anthropic Messages "
+              "request", anthropic_replies.TokenCount, anthropic_requests.CountTokensRequest,
+              errors=(400, 404, 415), error_schema=AnthropicError),
     Operation("post", "/tokenize", "Token ids of a text or a conversation (vLLM's shape)",
               tokenize.TokenizeReply, tokenize.TokenizeRequest, errors=(400, 404, 415)),
     Operation("post", "/detokenize", "Text of token ids (vLLM's shape)",
@@ -118,12 +140,16 @@ def document(max_tokens_limit: int | None = None) -> dict[str, Any]:
         "info": {
             "title": "TinyServe",
             "version": _version(),
-            "description": "Native /generate API and an OpenAI-compatible API; see docs/api.md.",
+            "description": "Native /generate API, an OpenAI-compatible API (chat, completions, "
+            "Responses) and Anthropic's Messages API; see docs/api.md.",
         },
         "paths": paths,
         "components": {
             "schemas": components(max_tokens_limit),
-            "securitySchemes": {BEARER: {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                BEARER: {"type": "http", "scheme": "bearer"},
+                API_KEY: {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
         },
     }
 
@@ -162,7 +188,7 @@ def _operation(op: Operation) -> dict[str, Any]:
     ok: dict[str, Schema] = {op.media: {"schema": ref(op.ok)}}
     if op.events is not None:
         # One event's data; a stream is what 'stream': true asks for.
-        ok[SSE] = {"schema": _sse_event(op.events, op.error_schema, op.path.startswith("/v1/"))}
+        ok[SSE] = {"schema": _sse_event(op.events, op.error_schema, op.done)}
     responses: dict[str, Any] = {"200": {"description": "OK", "content": ok}}
     for status in op.errors:
         responses[str(status)] = _error_response(status, op.error_schema)
@@ -171,8 +197,8 @@ def _operation(op: Operation) -> dict[str, Any]:
             responses[str(status)] = _error_response(status, op.error_schema)
     operation: dict[str, Any] = {"summary": op.summary, "responses": responses}
     if not is_open(op.path):
-        # A key is needed only once the server has any (docs/api.md): bearer, or nothing.
-        operation["security"] = [{BEARER: []}, {}]
+        # A key is needed only once the server has any (docs/api.md): either header, or none.
+        operation["security"] = [{BEARER: []}, {API_KEY: []}, {}]
         responses["401"] = _error_response(401, op.error_schema)
     names = re.findall(r"{(\w+)}", op.path)
     if names:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from tinyserve.frontend.anthropic.anthropic_handlers import count_tokens, messages
 from tinyserve.frontend.dashboard.handlers import dashboard_asset, dashboard_page, events
 from tinyserve.frontend.http.api_errors import Handler
 from tinyserve.frontend.http.metrics_route import metrics_handler
@@ -18,6 +19,7 @@ from tinyserve.frontend.openai.openai_handlers import (
     list_models,
     retrieve_model,
 )
+from tinyserve.frontend.responses.responses_handlers import responses
 from tinyserve.frontend.tokenize.tokenize_handlers import detokenize, tokenize, tokenizer_info
 
 
@@ -39,6 +41,9 @@ ROUTES = (
     Route("GET", "/v1/models/{model:.+}", retrieve_model),  # an id may hold a "/"
     Route("POST", "/v1/completions", completions),
     Route("POST", "/v1/chat/completions", chat_completions),
+    Route("POST", "/v1/responses", responses),
+    Route("POST", "/v1/messages", messages),
+    Route("POST", "/v1/messages/count_tokens", count_tokens),
     Route("POST", "/tokenize", tokenize),
     Route("POST", "/detokenize", detokenize),
     Route("GET", "/tokenizer_info", tokenizer_info),

@@ -73,7 +73,14 @@ class Request(Body):
         # An unknown field stays, null or not, so that it is still refused.
         if not isinstance(data, dict):
             return data
-        return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+        known = _input_names(cls)
+        return {k: v for k, v in data.items() if v is not None or k not in known}
+
+
+@functools.cache
+def _input_names(model: type[BaseModel]) -> frozenset[str]:
+    """The keys a body of ``model`` may hold: its fields' names, or their aliases."""
+    return frozenset(info.alias or name for name, info in model.model_fields.items())
 
 
 class Reply(BaseModel):
@@ -244,6 +251,12 @@ def limited(model: type[B], limit: int) -> type[B]:
     return cast(type[B], _limited(model, limit))
 
 
+def _bounded(low: int, limit: int, required: bool) -> Any:
+    # A required length (Anthropic's max_tokens) may not be null: null would mean "absent".
+    bounded = Annotated[int, Integer(low, limit)]
+    return bounded if required else bounded | None
+
+
 def _described(info: Any) -> Any:
     return Field(info.default, description=info.description)
 
@@ -252,7 +265,7 @@ def _described(info: Any) -> Any:
 def _limited(model: type[BaseModel], limit: int) -> type[BaseModel]:
     lows = {OUTPUT_LENGTH: 1, OUTPUT_LENGTH_OR_0: 0}
     fields: dict[str, Any] = {
-        name: (Annotated[int, Integer(lows[mark], limit)] | None, _described(info))
+        name: (_bounded(lows[mark], limit, info.is_required()), _described(info))
         for name, info in model.model_fields.items()
         for mark in lows
         if mark in info.metadata

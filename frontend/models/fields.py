@@ -18,6 +18,7 @@ from tinyserve.frontend.models.common import (
     Text,
     expect,
 )
+from tinyserve.frontend.models.progress import RETURN_PROGRESS_TEXT
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.protocol import TENANT_PATTERN, TENANT_TEXT, SamplingParams
 
@@ -113,6 +114,7 @@ class Sampling(Request):
     )
     priority: Priority = Field(0, description="larger is more important (--policy priority)")
     tenant: Tenant = Field("default", description="fairness group")
+    return_progress: bool = Field(False, description=RETURN_PROGRESS_TEXT)
     deadline_ms: DeadlineMs | None = Field(
         None,
         description="finish within this many ms of arrival, else end with deadline_missed "

@@ -16,6 +16,7 @@ from tinyserve.frontend.models.common import Reply, Text, cross_field, expect, i
 from tinyserve.frontend.models.errors import ErrorDetail
 from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, OutputLength, Sampling
 from tinyserve.frontend.models.openai_requests import LogprobCount
+from tinyserve.frontend.models.progress import PromptProgress
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.structured.constraints import Constraint
 
@@ -143,6 +144,13 @@ class GenerateDelta(Reply):
     text: str
 
 
+class GenerateProgress(Reply):
+    """The prompt's prefill so far, before the first token (``return_progress``)."""
+
+    id: str
+    prompt_progress: PromptProgress
+
+
 class GenerateFailure(_Final):
     """The final event of a stream that failed after it started."""
 
@@ -150,7 +158,7 @@ class GenerateFailure(_Final):
     finish_reason: Literal["error"] = "error"
 
 
-class GenerateEvent(RootModel[GenerateDelta | GenerateReply | GenerateFailure]):
+class GenerateEvent(RootModel[GenerateDelta | GenerateProgress | GenerateReply | GenerateFailure]):
     """The data of one event of a ``/generate`` stream."""
 
 

@@ -14,8 +14,10 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 
 from tinyserve.frontend.models.common import Reply, is_none
+from tinyserve.frontend.models.progress import PromptProgress
 
 FinishReason = Literal["stop", "length", "tool_calls"]
+PROGRESS_CHUNK_TEXT = "return_progress: the prompt's prefill so far, in a chunk of no choice"
 
 
 class PromptTokensDetails(Reply):
@@ -149,6 +151,9 @@ class CompletionChunk(Envelope):
     object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChunkChoice]
     usage: Usage | None = None
+    prompt_progress: PromptProgress | None = Field(
+        default=None, exclude_if=is_none, description=PROGRESS_CHUNK_TEXT
+    )
 
 
 class ChatCompletion(Envelope):
@@ -163,6 +168,9 @@ class ChatCompletionChunk(Envelope):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    prompt_progress: PromptProgress | None = Field(
+        default=None, exclude_if=is_none, description=PROGRESS_CHUNK_TEXT
+    )
 
 
 class Model(Reply):

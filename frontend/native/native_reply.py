@@ -1,6 +1,7 @@
 """The native ``/generate`` reply format, on top of ``request.reply_common``.
 
-JSON: ``GenerateReply``; SSE: a ``GenerateDelta`` per non-empty text delta, then exactly one
+JSON: ``GenerateReply``; SSE: a ``GenerateDelta`` per non-empty text delta (and, with
+``return_progress``, a ``GenerateProgress`` as the prompt's prefill goes), then exactly one
 final event, a ``GenerateReply`` with empty text or, on failure, a ``GenerateFailure``
 (``models.native``). The final object carries the timeline when the client asked for it.
 """
@@ -19,6 +20,7 @@ from tinyserve.frontend.models.errors import ErrorDetail
 from tinyserve.frontend.models.native import (
     GenerateDelta,
     GenerateFailure,
+    GenerateProgress,
     GenerateReply,
     NativeFinishReason,
     NativeUsage,
@@ -32,6 +34,7 @@ from tinyserve.frontend.request.reply_common import (
     LoadNow,
     collect,
     finish_error,
+    progress_of,
     sse_event,
     write_sse,
 )
@@ -75,6 +78,9 @@ class _NativeEvents:
         async for piece in self._stream.pieces():
             self._tokens += piece.tokens
             self._prompt_logprobs += piece.prompt_logprobs
+            progress = progress_of(record, piece)
+            if progress is not None:
+                yield sse_event(GenerateProgress(id=record.request_id, prompt_progress=progress))
             if piece.text:
                 yield sse_event(GenerateDelta(id=record.request_id, text=piece.text))
             if piece.finish is not None:

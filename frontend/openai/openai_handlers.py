@@ -31,6 +31,7 @@ from tinyserve.frontend.request.sampling_defaults import (
     with_defaults,
 )
 from tinyserve.frontend.structured.constraints import constrained
+from tinyserve.frontend.structured.reply_parser import ReplyParser
 from tinyserve.protocol import HelloAck
 
 OWNED_BY = "tinyserve"
@@ -44,7 +45,7 @@ async def list_models(request: web.Request) -> web.Response:
 async def retrieve_model(request: web.Request) -> web.Response:
     """The served model by its id (the openai client's ``models.retrieve``); another id is
     a 404."""
-    _check_model(request, request.match_info["model"])
+    check_model(request, request.match_info["model"])
     return json_response(_model_entry(request))
 
 
@@ -67,7 +68,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     """Continue a prompt (a string or token ids); JSON or SSE."""
     config = request.app[CONFIG]
     req = parse_body(await json_body(request), CompletionRequest, config)
-    _check_model(request, req.model)
+    check_model(request, req.model)
     generation = with_defaults(req.generation(config), req, _defaults(request))
     generation = await constrained(request, generation, req.constraint())
     reply = _reply(request, req, COMPLETIONS, generation.sampling.logprobs)
@@ -78,8 +79,27 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     """Answer a conversation, rendered with the model's own chat template; JSON or SSE."""
     config = request.app[CONFIG]
     req = parse_body(await json_body(request), ChatCompletionRequest, config)
-    _check_model(request, req.model)
-    template = request.app[CHAT_TEMPLATE]
+    check_model(request, req.model)
+    generation, prompt_ids, parser = await chat_generation(request, req)
+    reply = _reply(request, req, CHAT, generation.sampling.logprobs)
+    reply.parser = parser
+    if req.n > 1:
+        plan = choices.plan(generation, 1, req.n)
+        prompt = choices.Prompt(prompt_ids, generation.prompt)
+        if req.stream:
+            return await choices.stream_reply(request, reply, plan, [prompt])
+        return await choices.json_reply(request, reply, plan, [prompt])
+    return await pipeline.run(request, generation, reply, prompt_ids)
+
+
+async def chat_generation(
+    request: web.Request, req: ChatCompletionRequest
+) -> tuple[Generation, list[int], ReplyParser]:
+    """The conversation of ``req`` rendered with the chat template and tokenized, the
+    request as the pipeline runs it (serve-side defaults, its constraint built and checked),
+    and the parser of its reply (text, reasoning and tool calls in the template's syntax):
+    what every surface that speaks in conversations needs."""
+    config, template = request.app[CONFIG], request.app[CHAT_TEMPLATE]
     chat = req.conversation.render(template)
     # Tokenized here, in parts: the messages' text must never become control tokens.
     prompt_ids = await request.app[TOKENIZER].tokenize_chat(chat)
@@ -87,15 +107,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     generation = dataclasses.replace(req.generation(config), prompt=chat.text)
     generation = with_defaults(generation, req, _defaults(request))
     generation = await constrained(request, generation, req.reply_constraint(parser))
-    reply = _reply(request, req, CHAT, generation.sampling.logprobs)
-    reply.parser = parser
-    if req.n > 1:
-        plan = choices.plan(generation, 1, req.n)
-        prompt = choices.Prompt(prompt_ids, chat.text)
-        if req.stream:
-            return await choices.stream_reply(request, reply, plan, [prompt])
-        return await choices.json_reply(request, reply, plan, [prompt])
-    return await pipeline.run(request, generation, reply, prompt_ids)
+    return generation, prompt_ids, parser
 
 
 def _defaults(request: web.Request) -> SamplingDefaults:
@@ -122,7 +134,7 @@ def _engine_ack(request: web.Request) -> HelloAck:
     return ack
 
 
-def _check_model(request: web.Request, model: str) -> None:
+def check_model(request: web.Request, model: str) -> None:
     """A 404 for a model this server does not serve. Without the engine's word there is none
     to check against: the pipeline answers that 503, counted and logged as every request's."""
     ack = request.app[LINK].ack

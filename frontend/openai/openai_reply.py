@@ -2,7 +2,8 @@
 
 JSON: ``Completion`` / ``ChatCompletion`` (``models.openai_reply_bodies``). SSE: ``data: <chunk>``
 events (a chat stream opens with a ``role`` delta), one chunk with the ``finish_reason``, the
-usage chunk (``choices: []``) when ``stream_options.include_usage``, then ``data: [DONE]``. A
+usage chunk (``choices: []``) when ``stream_options.include_usage``, then ``data: [DONE]``;
+with ``return_progress``, chunks of no choice report the prompt's prefill before that. A
 failure after the headers went out is a ``data: {"error": {...}}`` event (``OpenAIError``),
 which the openai client raises as ``APIError``, then ``[DONE]``.
 
@@ -40,6 +41,7 @@ from tinyserve.frontend.models.openai_reply_bodies import (
     ToolCallDelta,
     Usage,
 )
+from tinyserve.frontend.models.progress import PromptProgress
 from tinyserve.frontend.openai.openai_logprobs import (
     TokenLogprob,
     chat_logprobs,
@@ -55,6 +57,7 @@ from tinyserve.frontend.request.reply_common import (
     Output,
     collect,
     finish_error,
+    progress_of,
     sse_event,
     write_sse,
 )
@@ -232,6 +235,12 @@ class OpenAIReply:
         chunk = ChatCompletionChunk if self.surface.chat else CompletionChunk
         return self.chunk_event(chunk(**self.envelope(record), choices=[], usage=total))
 
+    def progress_chunk(self, record: RequestRecord, progress: PromptProgress) -> bytes:
+        """A chunk of no choice that reports the prompt's prefill (``return_progress``)."""
+        chunk = ChatCompletionChunk if self.surface.chat else CompletionChunk
+        body = chunk(**self.envelope(record), choices=[], prompt_progress=progress)
+        return self.chunk_event(body)
+
     def chunk_event(self, body: Chunk) -> bytes:
         """As OpenAI: with ``include_usage`` every chunk has a usage, null but on the last."""
         return sse_event(to_json(body, exclude=None if self.include_usage else {"usage"}))
@@ -246,7 +255,7 @@ async def collect_or_error(
     if error is None:
         return output
     error.request_id = record.request_id
-    return error.response(openai=True)
+    return error.response("openai")
 
 
 class ChoiceChunks:
@@ -274,6 +283,9 @@ class ChoiceChunks:
         """The events of one piece: its delta, and its end when it carries the finish."""
         self.tokens += piece.tokens
         events = []
+        progress = progress_of(self._record, piece)
+        if progress is not None:
+            events.append(self._reply.progress_chunk(self._record, progress))
         delta = await self._delta(piece)
         if delta is not None:
             events.append(delta)

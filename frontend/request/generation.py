@@ -25,6 +25,7 @@ class Generation:
     prompt_logprobs: int = -1  # alternatives per prompt token (-1: no prompt logprobs)
     fork_of: str = ""  # another choice of the same prompt, whose prefill this one copies
     deadline_ms: int | None = None
+    return_progress: bool = False  # a stream reports the prompt's prefill as it goes
 
 
 def check_token_ids(token_ids: Iterable[int], n_vocab: int, field: str = "prompt") -> None:

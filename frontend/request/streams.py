@@ -5,9 +5,9 @@ iterates ``pieces()``. A stream always ends with exactly one ``Finish``: the eng
 made up here when an update went missing (sequence gap) or the engine went away, so a handler
 never waits for an update that will not come.
 
-Updates the handler has not taken yet are merged into one (text, token ids, logprobs, events;
-the last one's finish), so a client that reads slowly gets fewer, larger pieces and its
-stream holds at most its output, however many ticks went by.
+Updates the handler has not taken yet are merged into one (text, token ids, logprobs, the
+latest prefill progress; the last one's finish), so a client that reads slowly gets fewer,
+larger pieces and its stream holds at most its output, however many ticks went by.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ class Piece:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[list[Any]] = field(default_factory=list)
     prompt_logprobs: list[list[Any]] = field(default_factory=list)  # when asked, in order
+    # Prefill progress, the latest the engine reported: prompt tokens in its KV cells (0: no
+    # news) and how many of them the prefix cache served.
+    prompt_done: int = 0
+    prompt_cached: int = 0
 
 
 class RequestStream:
@@ -166,6 +170,7 @@ class _Merged:
         self.token_ids: list[int] = []
         self.logprobs: list[list[Any]] = []
         self.prompt_logprobs: list[list[Any]] = []
+        self.prompt_done = self.prompt_cached = 0
         self.last: protocol.RequestUpdate | None = None
 
     def add(self, update: protocol.RequestUpdate) -> None:
@@ -174,6 +179,8 @@ class _Merged:
         self.token_ids += update.token_ids
         self.logprobs += update.logprobs
         self.prompt_logprobs += update.prompt_logprobs
+        if update.prompt_done:
+            self.prompt_done, self.prompt_cached = update.prompt_done, update.cached_tokens
         self.last = update
 
     def piece(self, decoder: codecs.IncrementalDecoder) -> Piece:
@@ -181,7 +188,14 @@ class _Merged:
         finish = _finish_of(self.last) if self.last.finish_reason is not None else None
         text = decoder.decode(bytes(self.text))
         return Piece(
-            text, len(self.token_ids), finish, self.token_ids, self.logprobs, self.prompt_logprobs
+            text,
+            len(self.token_ids),
+            finish,
+            self.token_ids,
+            self.logprobs,
+            self.prompt_logprobs,
+            self.prompt_done,
+            self.prompt_cached,
         )
 
 

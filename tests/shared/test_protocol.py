@@ -38,6 +38,7 @@ SAMPLES: list[p.Message] = [
             p.RequestUpdate("r1", 0, [5, 6], b"\xc3", accepted=True),
             p.RequestUpdate("r2", 4, finish_reason=p.FINISH_LENGTH, prompt_tokens=9),
             p.RequestUpdate("r3", 0, prompt_logprobs=[[-0.5, [[7, -0.25]]], [-1.5, []]]),
+            p.RequestUpdate("r4", 2, prompt_done=64, cached_tokens=16),
         ],
     ),
 ]
@@ -91,6 +92,16 @@ def test_a_frame_without_trailing_defaulted_fields_still_decodes() -> None:
     short = [p.PROTOCOL_VERSION, p.Submit.TAG, *submit.to_wire()[:3]]
     with pytest.raises(p.ProtocolError):
         p.decode(msgpack.packb(short, use_bin_type=True))
+
+
+def test_an_update_from_an_engine_without_prompt_progress_decodes() -> None:
+    # RequestUpdate.prompt_done came last, with a default: an engine that never sets it
+    # sends one item fewer, and its updates read as "no news".
+    update = p.RequestUpdate("r1", 3, [5], b"x", prompt_done=40)
+    items = [p.PROTOCOL_VERSION, p.TickOutput.TAG, "f" * 32, [update.to_wire()[:-1]]]
+    decoded = p.decode(msgpack.packb(items, use_bin_type=True))
+    assert isinstance(decoded, p.TickOutput)
+    assert decoded.updates == [p.RequestUpdate("r1", 3, [5], b"x")]
 
 
 def test_version_2_carries_only_what_a_receiver_reads() -> None:

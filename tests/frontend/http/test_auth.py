@@ -1,4 +1,5 @@
-"""Bearer API keys: which routes need one, the 401 in each surface's shape, key sources."""
+"""API keys (a bearer token or x-api-key): which routes need one, the 401 in each surface's
+shape, key sources."""
 
 from __future__ import annotations
 
@@ -49,7 +50,10 @@ WRONG = [
     {"Authorization": "Bearer "},
     {"Authorization": "Basic a2V5LW9uZTo="},
     {"Authorization": "key-one"},
-    {"api-key": "key-one"},  # one way only: the bearer header
+    {"api-key": "key-one"},  # two ways only: the bearer header, x-api-key
+    {"x-api-key": "key-three"},
+    {"x-api-key": ""},
+    {"Authorization": "Bearer key-three", "x-api-key": "key-one"},  # the bearer token counts
 ]
 
 
@@ -71,6 +75,11 @@ async def test_generation_routes_refuse_a_missing_or_wrong_key(
     }
     await refused(await served.get("/v1/models", headers=headers))
     await refused(await served.post("/v1/chat/completions", json={}, headers=headers))
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        response = await served.post(path, json={}, headers=headers)
+        assert response.status == 401 and response.headers["WWW-Authenticate"] == "Bearer"
+        anthropic = {"type": "authentication_error", "message": message, "code": "invalid_api_key"}
+        assert await response.json() == {"type": "error", "error": anthropic}
     # Routes that do not exist (or come later) are closed too, not merely 404.
     await refused(await served.get("/v1/requests/abc", headers=headers))
 
@@ -80,6 +89,8 @@ async def test_a_right_key_is_served(served: Client) -> None:
     assert response.status == 200 and (await response.json())["text"] == "Hello"
     other = {"Authorization": "bearer   key-one"}  # scheme case-insensitive
     assert (await served.get("/v1/models", headers=other)).status == 200
+    anthropic_clients = {"x-api-key": "key-one"}  # as Anthropic's SDKs send it
+    assert (await served.get("/v1/models", headers=anthropic_clients)).status == 200
 
 
 async def test_probes_and_the_api_document_stay_open(served: Client) -> None:
@@ -176,7 +187,8 @@ def test_the_api_document_says_which_routes_take_a_key() -> None:
             secured = "security" in operation
             assert secured == (not is_open(path)), path
             assert ("401" in operation["responses"]) == secured, path
-    assert paths["/generate"]["post"]["security"] == [{openapi_document.BEARER: []}, {}]
+    either = [{openapi_document.BEARER: []}, {openapi_document.API_KEY: []}, {}]
+    assert paths["/generate"]["post"]["security"] == either
     assert "security" in paths["/v1/events"]["get"]  # the feed's data needs the key
     assert "security" not in paths["/dashboard"]["get"]  # the page holds none
 

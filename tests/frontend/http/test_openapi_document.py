@@ -15,7 +15,14 @@ from tinyserve import protocol
 from tinyserve.config import build_config
 from tinyserve.frontend.http.api_errors import ApiError
 from tinyserve.frontend.http.openapi_document import document
-from tinyserve.frontend.models import chat, native, openai_requests, tokenize
+from tinyserve.frontend.models import (
+    anthropic_requests,
+    chat,
+    native,
+    openai_requests,
+    responses_requests,
+    tokenize,
+)
 from tinyserve.frontend.models.parse import parse_body
 
 Client = TestClient[Any, Any]
@@ -70,6 +77,7 @@ def test_every_reference_resolves() -> None:
         ("GenerateRequest", ["max_tokens"], 1),
         ("CompletionRequest", ["max_tokens"], 0),  # 0 with echo: the prompt alone
         ("ChatCompletionRequest", ["max_tokens", "max_completion_tokens"], 1),
+        ("ResponsesRequest", ["max_output_tokens"], 1),
     ],
 )
 def test_output_lengths_carry_the_node_limit(schema: str, fields: list[str], low: int) -> None:
@@ -80,6 +88,13 @@ def test_output_lengths_carry_the_node_limit(schema: str, fields: list[str], low
     assert "maximum" not in json.dumps(
         document()["components"]["schemas"][schema]["properties"][fields[0]]
     )
+
+
+def test_a_required_output_length_carries_the_limit_and_is_never_null() -> None:
+    schema = DOC["components"]["schemas"]["MessagesRequest"]
+    assert "max_tokens" in schema["required"]
+    bounded = schema["properties"]["max_tokens"]
+    assert (bounded["type"], bounded["minimum"], bounded["maximum"]) == ("integer", 1, 256)
 
 
 def sse_payloads(body: bytes) -> list[Any]:
@@ -126,6 +141,7 @@ MORE_CASES = [
     ("/tokenize", {"prompt": "Hi", "return_token_strs": True}, "TokenizeReply"),
     ("/tokenize", {"messages": CHAT["messages"]}, "TokenizeReply"),
     ("/detokenize", {"tokens": [1, 2]}, "DetokenizeReply"),
+    ("/v1/messages/count_tokens", {"model": "fake", "messages": CHAT["messages"]}, "TokenCount"),
 ]  # fmt: skip
 
 
@@ -148,6 +164,48 @@ async def test_other_replies_conform(served: Client) -> None:
         assert_conforms(schema, await reply.json())
 
 
+TOOL_CALL = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+ANTHROPIC = {"model": "fake", "max_tokens": 8, "messages": CHAT["messages"]}
+RESPONSES = {"model": "fake", "input": "Hi"}
+NAMED_EVENTS_CASES = [
+    ("/v1/messages", ANTHROPIC, "Message", "MessagesEvent"),
+    ("/v1/messages", {**ANTHROPIC, "tools": [{"name": "f", "input_schema": {"type": "object"}}]},
+     "Message", "MessagesEvent"),
+    ("/v1/responses", RESPONSES, "Response", "ResponsesEvent"),
+    ("/v1/responses", {**RESPONSES, "tools": [{"type": "function", "name": "f"}]}, "Response",
+     "ResponsesEvent"),
+]  # fmt: skip
+
+
+def progress_then(text: str) -> Any:
+    """A script: accepted, prefill progress, ``text`` in one token, stop."""
+
+    def script(submit: protocol.Submit) -> list[list[dict[str, Any]]]:
+        end = {"finish_reason": protocol.FINISH_STOP, "prompt_tokens": len(submit.prompt_ids)}
+        return [[accepted()], [{"prompt_done": 4, "cached_tokens": 2}],
+                [{"token_ids": [1], "text": text.encode(), **end}]]  # fmt: skip
+
+    return script
+
+
+@pytest.mark.parametrize(("path", "body", "whole", "event"), NAMED_EVENTS_CASES)
+async def test_anthropic_and_responses_replies_conform(
+    served: Client, engine: FakeEngine, path: str, body: dict[str, Any], whole: str, event: str
+) -> None:
+    engine.script = progress_then(TOOL_CALL if "tools" in body else "Hello")
+    reply = await served.post(path, json=body)
+    assert reply.status == 200, await reply.text()
+    assert_conforms(whole, await reply.json())
+    reply = await served.post(path, json={**body, "stream": True, "return_progress": True})
+    events = (await reply.read()).decode().split("\n\n")[:-1]
+    assert len(events) >= 5
+    for text in events:
+        name, data = text.split("\n")
+        payload = json.loads(data.removeprefix("data: "))
+        assert name == "event: " + payload["type"]
+        assert_conforms(event, payload)
+
+
 async def test_error_replies_conform(served: Client, engine: FakeEngine) -> None:
     native = await served.post("/generate", json={"prompt": "Hi", "top_k": -1})
     assert native.status == 400
@@ -155,6 +213,12 @@ async def test_error_replies_conform(served: Client, engine: FakeEngine) -> None
     openai = await served.post("/v1/completions", json={**COMPLETION, "best_of": 2})
     assert openai.status == 400
     assert_conforms("OpenAIError", await openai.json())
+    responses = await served.post("/v1/responses", json={**RESPONSES, "store": True})
+    assert responses.status == 400
+    assert_conforms("OpenAIError", await responses.json())
+    anthropic = await served.post("/v1/messages", json={**ANTHROPIC, "max_tokens": 0})
+    assert anthropic.status == 400
+    assert_conforms("AnthropicError", await anthropic.json())
     failure = {"finish_reason": protocol.FINISH_ERROR, "detail": "decode failed"}
     engine.script = lambda submit: [[accepted()], [failure]]
     failed = await served.post("/generate", json={"prompt": "Hi", "stream": True})
@@ -175,6 +239,9 @@ UNSTATED_RULES = (
     "no tool is named",
     # JSON Schema can say this one, but not in a document schemathesis still generates from.
     "'response_format' excludes 'tools'",
+    "'output_config.format' excludes 'tools'",  # Anthropic's and the Responses API's alike
+    "'text.format' excludes 'tools'",
+    "turn cannot hold a",  # an Anthropic block of the other role's turn (a "contains" rule)
 )
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 USER = [{"role": "user", "content": "Hi"}]
@@ -265,4 +332,70 @@ def test_rules_across_fields_are_in_the_document(
 @pytest.mark.parametrize(("schema", "body"), NEAR_RULES)
 def test_bodies_near_those_rules_are_taken_by_both(schema: str, body: dict[str, Any]) -> None:
     parse_body(json.dumps(body).encode(), REQUESTS[schema], NODE)
+    assert document_accepts(schema, body)
+
+
+ANTHROPIC_TOOL = {"name": "f", "input_schema": {"type": "object"}}
+RESPONSES_TOOL = {"type": "function", "name": "f"}
+TRANSLATED = {
+    "MessagesRequest": anthropic_requests.MessagesRequest,
+    "CountTokensRequest": anthropic_requests.CountTokensRequest,
+    "ResponsesRequest": responses_requests.ResponsesRequest,
+}
+# The rules of the surfaces translated into chat requests: their own, and chat's as they
+# break them (the 400 comes from the translation).
+TRANSLATED_RULES = [
+    ("MessagesRequest", {**ANTHROPIC, "tool_choice": {"type": "any"}},
+     "'tool_choice' needs 'tools'"),
+    ("CountTokensRequest", {"model": "fake", "messages": CHAT["messages"], "tool_choice": {
+        "type": "tool", "name": "f"}}, "'tool_choice' needs 'tools'"),
+    ("MessagesRequest", {**ANTHROPIC, "tools": [ANTHROPIC_TOOL] * 2}, "names a function twice"),
+    ("MessagesRequest", {**ANTHROPIC, "tools": [ANTHROPIC_TOOL], "tool_choice": {
+        "type": "tool", "name": "g"}}, "no tool is named 'g'"),
+    ("MessagesRequest", {**ANTHROPIC, "messages": [{"role": "user", "content": [
+        {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}, "turn cannot hold a"),
+    ("MessagesRequest", {**ANTHROPIC, "tools": [ANTHROPIC_TOOL], "output_config": {
+        "format": {"type": "json_schema", "schema": {}}}}, "'output_config.format' excludes"),
+    ("ResponsesRequest", {**RESPONSES, "tool_choice": "required"}, "'tool_choice' needs 'tools'"),
+    ("ResponsesRequest", {**RESPONSES, "tool_choice": {"type": "function", "name": "f"}},
+     "'tool_choice' needs 'tools'"),
+    ("ResponsesRequest", {**RESPONSES, "tools": [RESPONSES_TOOL] * 2}, "names a function twice"),
+    ("ResponsesRequest", {**RESPONSES, "tools": [RESPONSES_TOOL], "tool_choice": {
+        "type": "function", "name": "g"}}, "no tool is named 'g'"),
+    ("ResponsesRequest", {**RESPONSES, "tools": [RESPONSES_TOOL], "text": {
+        "format": {"type": "json_object"}}}, "'text.format' excludes 'tools'"),
+]  # fmt: skip
+TRANSLATED_NEAR_RULES = [
+    ("MessagesRequest", {**ANTHROPIC, "tool_choice": {"type": "auto"}}),
+    ("MessagesRequest", {**ANTHROPIC, "tools": [ANTHROPIC_TOOL], "tool_choice": {"type": "none"},
+                         "output_config": {"format": {"type": "json_schema", "schema": {}}}}),
+    ("ResponsesRequest", {**RESPONSES, "tool_choice": "auto"}),
+    ("ResponsesRequest", {**RESPONSES, "tools": [RESPONSES_TOOL], "text": {
+        "format": {"type": "text"}}}),
+    ("ResponsesRequest", {**RESPONSES, "tools": [RESPONSES_TOOL], "tool_choice": "none",
+                          "text": {"format": {"type": "json_object"}}}),
+]  # fmt: skip
+
+
+def translated(schema: str, body: dict[str, Any]) -> None:
+    """Parse ``body`` and translate it into its chat request, as the route does."""
+    parse_body(json.dumps(body).encode(), TRANSLATED[schema], NODE).chat_request()
+
+
+@pytest.mark.parametrize(("schema", "body", "refusal"), TRANSLATED_RULES)
+def test_translated_surfaces_rules_are_in_the_document(
+    schema: str, body: dict[str, Any], refusal: str
+) -> None:
+    with pytest.raises(ApiError) as refused:
+        translated(schema, body)
+    assert refused.value.status == 400 and refusal in refused.value.message
+    unstated = any(rule in refused.value.message for rule in UNSTATED_RULES)
+    assert document_accepts(schema, body) == unstated
+
+
+@pytest.mark.parametrize(("schema", "body"), TRANSLATED_NEAR_RULES)
+def test_bodies_near_the_translated_rules_are_taken_by_both(
+    schema: str, body: dict[str, Any]
+) -> None:
+    translated(schema, body)
     assert document_accepts(schema, body)

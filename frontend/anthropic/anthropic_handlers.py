@@ -1,0 +1,48 @@
+"""Anthropic's Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
+
+A request is translated into the equivalent chat completion request
+(``models.anthropic_requests``) and served by the same path as ``/v1/chat/completions``:
+the chat template, tool prompts and grammars, structured output, sampling defaults,
+admission, tenants and priorities, the pipeline; only the reply is Anthropic's
+(``anthropic_reply``). Errors take Anthropic's shape (the error middleware decides by
+path). The model id must be the served one, as on the OpenAI surface: point Anthropic's
+clients at it (Claude Code: ``ANTHROPIC_MODEL``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from aiohttp import web
+
+from tinyserve.frontend.anthropic.anthropic_reply import AnthropicReply
+from tinyserve.frontend.http.appkeys import CHAT_TEMPLATE, CONFIG, TOKENIZER
+from tinyserve.frontend.models.anthropic_replies import TokenCount
+from tinyserve.frontend.models.anthropic_requests import CountTokensRequest, MessagesRequest
+from tinyserve.frontend.models.common import json_response
+from tinyserve.frontend.models.parse import json_body, parse_body
+from tinyserve.frontend.openai.openai_handlers import chat_generation, check_model
+from tinyserve.frontend.request import pipeline
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    """Answer a conversation in Anthropic's shapes; JSON or SSE."""
+    req = parse_body(await json_body(request), MessagesRequest, request.app[CONFIG])
+    check_model(request, req.model)
+    chat = req.chat_request()
+    generation, prompt_ids, parser = await chat_generation(request, chat)
+    # Thinking stays in the text here until Messages' thinking blocks are served.
+    parser = dataclasses.replace(parser, reasoning=None)
+    tokenizer = request.app[TOKENIZER]
+    reply = AnthropicReply(req.model, tokenizer, parser, generation.sampling.stop)
+    return await pipeline.run(request, generation, reply, prompt_ids)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """The prompt tokens a Messages request with this conversation is charged: the same
+    rendering and tokenization, without generating."""
+    req = parse_body(await json_body(request), CountTokensRequest, request.app[CONFIG])
+    check_model(request, req.model)
+    prompt = req.chat_request().conversation.render(request.app[CHAT_TEMPLATE])
+    prompt_ids = await request.app[TOKENIZER].tokenize_chat(prompt)
+    return json_response(TokenCount(input_tokens=len(prompt_ids)))

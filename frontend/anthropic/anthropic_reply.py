@@ -1,0 +1,198 @@
+"""Replies of ``POST /v1/messages``, on ``request.reply_common``'s shared machinery.
+
+JSON: a ``Message``. SSE, each event named by its type (Anthropic's stream): ``message_start``;
+per content block ``content_block_start``, its ``content_block_delta``s and
+``content_block_stop`` (text as it comes; a tool use whole, its input in one
+``input_json_delta``); then ``message_delta`` (stop reason, usage) and ``message_stop``. A
+``ping`` is sent whenever the stream has been quiet for ``--sse-ping-interval`` (a long
+prefill), and with ``return_progress`` ``prompt_progress`` events report the prefill. A
+failure after the headers went out ends the stream with an ``error`` event instead of
+``message_delta`` and ``message_stop``: exactly one of the two endings goes out.
+
+Stop reasons: ``tool_use`` for tool calls, ``max_tokens`` for output cut short (``length``,
+and as on the chat surface a timeout, cancel or missed deadline), ``stop_sequence`` when the
+output's tokens spell one of ``stop_sequences`` where the text stops, else ``end_turn``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from tinyserve.frontend.http.api_errors import ApiError
+from tinyserve.frontend.http.appkeys import LINK
+from tinyserve.frontend.models.anthropic_replies import (
+    AnthropicUsage,
+    ContentBlock,
+    ContentBlockDelta,
+    ContentBlockStart,
+    ContentBlockStop,
+    InputJsonDelta,
+    Message,
+    MessageDelta,
+    MessagesProgress,
+    MessageStart,
+    MessageStop,
+    Ping,
+    StopInfo,
+    StopReason,
+    TextContent,
+    TextDelta,
+    ToolUseContent,
+)
+from tinyserve.frontend.models.common import json_response
+from tinyserve.frontend.models.openai_reply_bodies import FinishReason, ToolCall
+from tinyserve.frontend.models.progress import PromptProgress
+from tinyserve.frontend.openai.chat_output import ChatEvents, collect_ending
+from tinyserve.frontend.openai.openai_reply import openai_finish_error
+from tinyserve.frontend.request.record import RequestRecord
+from tinyserve.frontend.request.reply_common import (
+    LoadNow,
+    sse_event,
+    write_sse,
+)
+from tinyserve.frontend.request.streams import Finish, RequestStream
+from tinyserve.frontend.request.tokenizer import Tokenizer
+from tinyserve.frontend.structured.reply_parser import ReplyParser
+
+ID_PREFIX = "msg_"
+PING = sse_event(Ping(), "ping")
+
+
+def event(body: BaseModel) -> bytes:
+    """An event of the stream, named by its ``type`` as Anthropic's are."""
+    return sse_event(body, type(body).model_fields["type"].default)
+
+
+class AnthropicReply:
+    """The ``Reply`` of one ``/v1/messages`` request (see ``pipeline.run``); ``parser``
+    reads its text and tool uses in the model's own syntax."""
+
+    def __init__(
+        self, model: str, tokenizer: Tokenizer, parser: ReplyParser, stops: list[str]
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.parser = parser
+        self.stops = stops
+
+    async def __call__(
+        self, request: web.Request, stream: RequestStream, record: RequestRecord
+    ) -> web.StreamResponse:
+        load = request.app[LINK].load
+        if record.generation.stream:
+            events = _MessageEvents(self, stream, record, load)
+            return await write_sse(request, record.request_id, events, PING)
+        output, ending = await collect_ending(stream, load, self.parser)
+        content = [*_text_blocks(ending.text, ending.calls), *map(_tool_use, ending.calls)]
+        stop = await self.stop(ending.reason, output.token_ids)
+        body = self.message(record, content, stop, _usage(record, output.finish, output.tokens))
+        return json_response(body, headers={"X-Request-Id": record.request_id})
+
+    def message(
+        self,
+        record: RequestRecord,
+        content: list[ContentBlock],
+        stop: tuple[StopReason, str | None] | None,
+        usage: AnthropicUsage,
+    ) -> Message:
+        """The reply, or with no content nor ``stop`` a stream's opening."""
+        reason, sequence = stop if stop is not None else (None, None)
+        return Message(
+            id=ID_PREFIX + record.request_id, model=self.model, content=content,
+            stop_reason=reason, stop_sequence=sequence, usage=usage,
+        )  # fmt: skip
+
+    async def stop(
+        self, reason: FinishReason, token_ids: list[int]
+    ) -> tuple[StopReason, str | None]:
+        """The stop reason, and the stop sequence that ended the reply if one did: the first
+        the output's tokens spell (the engine cut the text where it starts, so the text
+        holds none)."""
+        if reason != "stop":
+            return ("tool_use" if reason == "tool_calls" else "max_tokens"), None
+        if not self.stops:
+            return "end_turn", None
+        spelled = await self.tokenizer.detokenize(token_ids)
+        found = [(at, s) for s in self.stops if (at := spelled.find(s)) >= 0]
+        return ("stop_sequence", min(found)[1]) if found else ("end_turn", None)
+
+
+def _usage(record: RequestRecord, finish: Finish, output_tokens: int) -> AnthropicUsage:
+    return AnthropicUsage.of(record.prompt_tokens_of(finish), output_tokens, finish.cached_tokens)
+
+
+def _text_blocks(text: str, calls: list[ToolCall]) -> list[ContentBlock]:
+    # A reply of tool uses only has no text block; any other reply has one, even empty.
+    return [TextContent(text=text)] if text or not calls else []
+
+
+def _tool_use(call: ToolCall, arguments: dict[str, Any] | None = None) -> ToolUseContent:
+    """The tool use of ``call``, with ``arguments`` as its input (its own by default)."""
+    if arguments is None:
+        parsed = json.loads(call.function.arguments)
+        arguments = parsed if isinstance(parsed, dict) else {"input": parsed}
+    return ToolUseContent(id=call.id, name=call.function.name, input=arguments)
+
+
+class _MessageEvents(ChatEvents):
+    """The events of a streamed reply: blocks as the text comes, tool uses at the end."""
+
+    def __init__(
+        self, reply: AnthropicReply, stream: RequestStream, record: RequestRecord, load: LoadNow
+    ) -> None:
+        super().__init__(reply.parser, stream, record, load)
+        self._reply = reply
+        self._blocks = 0  # content blocks started
+        self._text_open = False  # the last block started is text, not stopped yet
+
+    def opening(self) -> list[bytes]:
+        usage = AnthropicUsage.of(self.record.prompt_tokens, 0, 0)
+        return [event(MessageStart(message=self._reply.message(self.record, [], None, usage)))]
+
+    def progress(self, progress: PromptProgress) -> bytes:
+        return event(MessagesProgress(prompt_progress=progress))
+
+    def failure(self, error: ApiError) -> bytes:
+        error.request_id = self.record.request_id
+        return event(error.anthropic_body())
+
+    def text(self, text: str) -> list[bytes]:
+        """A text delta, after the start of a text block when none is open."""
+        if not text:
+            return []
+        events = [] if self._text_open else [self._start(TextContent(text=""))]
+        self._text_open = True
+        delta = ContentBlockDelta(index=self._blocks - 1, delta=TextDelta(text=text))
+        return [*events, event(delta)]
+
+    def _start(self, block: ContentBlock) -> bytes:
+        self._blocks += 1
+        return event(ContentBlockStart(index=self._blocks - 1, content_block=block))
+
+    def _stop(self) -> bytes:
+        self._text_open = False
+        return event(ContentBlockStop(index=self._blocks - 1))
+
+    async def end(self, finish: Finish) -> list[bytes]:
+        error = openai_finish_error(finish, self.load())
+        if error is not None:
+            return [self.failure(error)]
+        ending = self.output.end(finish)
+        events = self.text(ending.text)
+        if not self._blocks and not ending.calls:
+            events.append(self._start(TextContent(text="")))
+            self._text_open = True
+        if self._text_open:
+            events.append(self._stop())
+        for call in ending.calls:
+            events.append(self._start(_tool_use(call, {})))
+            delta = InputJsonDelta(partial_json=call.function.arguments)
+            events += [event(ContentBlockDelta(index=self._blocks - 1, delta=delta)), self._stop()]
+        reason, sequence = await self._reply.stop(ending.reason, self.token_ids)
+        usage = _usage(self.record, finish, self.tokens)
+        stop = StopInfo(stop_reason=reason, stop_sequence=sequence)
+        return [*events, event(MessageDelta(delta=stop, usage=usage)), event(MessageStop())]

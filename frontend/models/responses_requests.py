@@ -1,0 +1,318 @@
+"""``POST /v1/responses`` (OpenAI's Responses API): the request body, and its translation
+into the chat completion request the rest of the frontend serves.
+
+Shapes follow OpenAI's API reference (platform.openai.com, Responses): ``input`` as text or
+a list of items (messages, ``function_call``s of earlier turns and their
+``function_call_output``s), ``instructions``, function ``tools``, ``tool_choice``,
+``text.format``, ``max_output_tokens``. This server keeps no responses: ``store`` may only
+be false, and ``previous_response_id`` (or a stored ``conversation``) is a 400 saying to send
+the whole conversation in ``input``, as a stateless client (``store: false``) does. Unknown
+fields are refused, fields for features this server lacks are accepted at their default
+only, and the sampling extensions of the other surfaces are taken too.
+
+The translation (``chat_request``) makes the equivalent ``ChatCompletionRequest``:
+``instructions`` is the first system message, a function call an assistant's tool call (with
+the text before it, when there is some), its output a tool message, ``text.format`` the
+``response_format``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
+
+from tinyserve.frontend.models.chat import ChatCompletionRequest
+from tinyserve.frontend.models.common import (
+    IGNORED,
+    RULE,
+    Body,
+    OnlyDefault,
+    Text,
+    cross_field,
+    schema_rule,
+)
+from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, OutputLength, Sampling, Temperature
+from tinyserve.frontend.models.openai_requests import DEFAULT_TEMPERATURE, ModelId
+from tinyserve.frontend.models.response_format import JsonSchemaSpec
+from tinyserve.frontend.models.tools import FunctionName
+from tinyserve.frontend.models.translated import (
+    LIST,
+    TEXT,
+    by_type,
+    chat_request,
+    sampling_fields,
+    tag,
+    text_or_list,
+    type_of,
+)
+
+STATELESS = "this server keeps no responses (send the whole conversation in 'input')"
+
+# -- input items ----------------------------------------------------------------------------------
+
+
+class InputText(Body):
+    type: Literal["input_text"]
+    text: Text
+
+
+class OutputText(Body):
+    """An assistant's text, as an earlier response's output item holds it."""
+
+    type: Literal["output_text"]
+    text: Text
+    annotations: Annotated[Any, OnlyDefault(([],))] = None
+    logprobs: Any = Field(None, description=IGNORED)
+
+
+Part = Annotated[
+    Annotated[InputText, Tag(tag("input_text"))] | Annotated[OutputText, Tag(tag("output_text"))],
+    by_type("a part of type input_text or output_text"),
+]
+PartsContent = Annotated[
+    Annotated[Text, Tag(TEXT)] | Annotated[list[Part], Field(min_length=1), Tag(LIST)],
+    text_or_list("a non-empty list of text parts"),
+]
+
+
+class _Item(Body):
+    id: Any = Field(None, description=IGNORED)
+    status: Any = Field(None, description=IGNORED)
+
+
+class MessageItem(_Item):
+    """A message; ``developer`` is taken as ``system``, parts joined by newlines."""
+
+    type: Literal["message"] | None = Field("message", description="may be left out")
+    role: Literal["user", "assistant", "system", "developer"]
+    content: PartsContent
+    phase: Any = Field(None, description=IGNORED)
+
+    @property
+    def text(self) -> str:
+        content = self.content
+        return content if isinstance(content, str) else "\n".join(p.text for p in content)
+
+
+class FunctionCallItem(_Item):
+    """A function call an earlier response made."""
+
+    type: Literal["function_call"]
+    call_id: Text
+    name: FunctionName
+    arguments: Text = Field(description="the arguments as JSON text")
+    namespace: Any = Field(None, description=IGNORED)
+
+
+class FunctionCallOutputItem(_Item):
+    """A function call's result."""
+
+    type: Literal["function_call_output"]
+    call_id: Text
+    output: Annotated[
+        Annotated[Text, Tag(TEXT)] | Annotated[list[InputText], Tag(LIST)],
+        text_or_list("a list of input_text parts"),
+    ]
+
+    @property
+    def text(self) -> str:
+        output = self.output
+        return output if isinstance(output, str) else "\n".join(p.text for p in output)
+
+
+def _item_kind(value: Any) -> str | None:
+    # A message may leave its type out (OpenAI's "easy input message").
+    return (
+        type_of({**value, "type": value.get("type") or "message"})
+        if isinstance(value, dict)
+        else None
+    )
+
+
+Item = Annotated[
+    Annotated[MessageItem, Tag(tag("message"))]
+    | Annotated[FunctionCallItem, Tag(tag("function_call"))]
+    | Annotated[FunctionCallOutputItem, Tag(tag("function_call_output"))],
+    by_type("an item of type message, function_call or function_call_output", _item_kind),
+]
+Input = Annotated[
+    Annotated[Text, Tag(TEXT)] | Annotated[list[Item], Field(min_length=1), Tag(LIST)],
+    text_or_list("a non-empty list of input items"),
+]
+
+
+def chat_messages(items: list[Any]) -> list[dict[str, Any]]:
+    """Input items as chat messages: consecutive function calls are one assistant message's
+    tool calls (the assistant's text before them included)."""
+    messages: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, FunctionCallItem):
+            function = {"name": item.name, "arguments": item.arguments}
+            call = {"id": item.call_id, "type": "function", "function": function}
+            if not (messages and messages[-1]["role"] == "assistant"):
+                messages.append({"role": "assistant", "content": None})
+            messages[-1].setdefault("tool_calls", []).append(call)
+        elif isinstance(item, FunctionCallOutputItem):
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text})
+        else:
+            messages.append({"role": item.role, "content": item.text})
+    return messages
+
+
+# -- tools and text format ------------------------------------------------------------------------
+
+
+class FunctionTool(Body):
+    type: Literal["function"] = Field(description="function tools only")
+    name: FunctionName = Field(description="1-64 of A-Z, a-z, 0-9, _, . and -")
+    description: Text | None = Field(None, description="shown to the model")
+    parameters: dict[str, Any] | None = Field(
+        None, description="JSON schema of the arguments (enforced when a call is made)"
+    )
+    strict: bool | None = Field(None, description="always enforced")
+
+    def chat_tool(self) -> dict[str, Any]:
+        function = {"name": self.name, "description": self.description,
+                    "parameters": self.parameters}  # fmt: skip
+        return {"type": "function", "function": function}
+
+
+class FunctionChoice(Body):
+    type: Literal["function"]
+    name: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | FunctionChoice
+
+
+class TextFormatText(Body):
+    type: Literal["text"]
+
+
+class TextFormatJsonObject(Body):
+    type: Literal["json_object"]
+
+
+class TextFormatJsonSchema(JsonSchemaSpec):
+    """A ``response_format``'s ``json_schema``, flattened beside its ``type``."""
+
+    type: Literal["json_schema"]
+
+
+TextFormat = Annotated[
+    Annotated[TextFormatText, Tag(tag("text"))]
+    | Annotated[TextFormatJsonObject, Tag(tag("json_object"))]
+    | Annotated[TextFormatJsonSchema, Tag(tag("json_schema"))],
+    Discriminator(
+        type_of,
+        custom_error_type=RULE,
+        custom_error_message="must have 'type' text, json_object or json_schema",
+    ),
+]
+
+
+class TextConfig(Body):
+    format: TextFormat | None = Field(None, description="text, any JSON, or JSON by a schema")
+    verbosity: Annotated[Any, OnlyDefault()] = None
+
+    def response_format(self) -> dict[str, Any] | None:
+        """The chat request's ``response_format`` (None: text, chat's default)."""
+        if self.format is None or self.format.type == "text":
+            return None  # chat's default
+        if self.format.type == "json_object":
+            return {"type": "json_object"}
+        spec = self.format.model_dump(by_alias=True, exclude={"type"}, exclude_none=True)
+        return {"type": "json_schema", "json_schema": spec}
+
+
+# -- the request ----------------------------------------------------------------------------------
+
+# The document states that a tool choice other than auto and none needs tools; that
+# text.format excludes tools is the field's description (and the tests' UNSTATED_RULES).
+_CHOICE_NEEDS_TOOLS = schema_rule(
+    "tool_choice",
+    {"anyOf": [{"const": "required"}, {"type": "object"}]},
+    {"tools": {"type": "array", "minItems": 1}},
+)
+
+
+class ResponsesRequest(Sampling):
+    """``POST /v1/responses``."""
+
+    model_config = ConfigDict(json_schema_extra=_CHOICE_NEEDS_TOOLS)
+
+    model: ModelId = Field(description="the id GET /v1/models lists")
+    input: Input = Field(description="text, or a list of messages and function call items")
+    instructions: Text | None = Field(None, description="the system message, before 'input'")
+    tools: list[FunctionTool] = Field([], description="functions the model may call")
+    tool_choice: ToolChoice | None = Field(
+        None, description="none, auto (the default with tools), required, or a function"
+    )
+    parallel_tool_calls: bool = Field(True, description="the reply may hold several calls")
+    text: TextConfig | None = Field(
+        None, description="format: the output's, enforced (other than text: excludes tools)"
+    )
+    max_output_tokens: OutputLength = Field(None, description=MAX_TOKENS_TEXT)
+    temperature: Temperature = Field(DEFAULT_TEMPERATURE, description="0 is greedy")
+    user: Text = Field("", description="end user: the tenant unless 'tenant' is given")
+    store: Annotated[Any, OnlyDefault((False,), STATELESS)] = None
+    previous_response_id: Annotated[Any, OnlyDefault((), STATELESS)] = None
+    conversation: Annotated[Any, OnlyDefault((), STATELESS)] = None
+    background: Annotated[Any, OnlyDefault((False,))] = None
+    include: Annotated[Any, OnlyDefault(([],))] = None
+    reasoning: Annotated[Any, OnlyDefault()] = None
+    prompt: Annotated[Any, OnlyDefault()] = None
+    truncation: Annotated[Any, OnlyDefault(("disabled",))] = None
+    top_logprobs: Annotated[Any, OnlyDefault((0,))] = None
+    max_tool_calls: Annotated[Any, OnlyDefault()] = None
+    context_management: Annotated[Any, OnlyDefault()] = None
+    # Ignored: bookkeeping and hints for OpenAI's own service.
+    metadata: Any = Field(None, description=IGNORED)
+    stream_options: Any = Field(None, description=IGNORED)
+    service_tier: Any = Field(None, description=IGNORED)
+    safety_identifier: Any = Field(None, description=IGNORED)
+    prompt_cache_key: Any = Field(None, description=IGNORED)
+    prompt_cache_retention: Any = Field(None, description=IGNORED)
+    prompt_cache_options: Any = Field(None, description=IGNORED)
+
+    @model_validator(mode="after")
+    def _format_excludes_tools(self) -> Self:
+        calls_tools = bool(self.tools) and self.tool_choice != "none"
+        if calls_tools and self.text is not None and self.text.response_format() is not None:
+            raise cross_field("text", "'text.format' excludes 'tools'")
+        return self
+
+    def chat_request(self) -> ChatCompletionRequest:
+        """The equivalent chat completion request (sampling fields left out stay out: the
+        serve-side defaults apply)."""
+        fields = sampling_fields(self)
+        fields |= {
+            "model": self.model,
+            "messages": self._messages(),
+            "user": self.user,
+            "max_tokens": self.max_output_tokens,
+            "parallel_tool_calls": self.parallel_tool_calls,
+        }
+        if self.tools:
+            fields["tools"] = [tool.chat_tool() for tool in self.tools]
+        choice = self.tool_choice
+        if isinstance(choice, FunctionChoice):
+            fields["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+        elif choice is not None and (self.tools or choice != "auto"):
+            fields["tool_choice"] = choice
+        response_format = None if self.text is None else self.text.response_format()
+        if response_format is not None:
+            fields["response_format"] = response_format
+        return chat_request(fields)
+
+    def _messages(self) -> list[dict[str, Any]]:
+        items = self.input
+        messages = (
+            [{"role": "user", "content": items}]
+            if isinstance(items, str)
+            else (chat_messages(items))
+        )
+        if self.instructions is not None:
+            messages.insert(0, {"role": "system", "content": self.instructions})
+        return messages

@@ -1,0 +1,33 @@
+"""OpenAI's Responses API: ``POST /v1/responses``, stateless.
+
+A request is translated into the equivalent chat completion request
+(``models.responses_requests``) and served by the same path as ``/v1/chat/completions``: the
+chat template, tool prompts and grammars, ``text.format`` as a ``response_format``, sampling
+defaults, admission, tenants and priorities, the pipeline; only the reply is the Responses
+API's (``responses_reply``). Nothing is kept: ``previous_response_id`` is a 400 (the client
+sends the whole conversation, as with ``store: false``). Errors take OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from aiohttp import web
+
+from tinyserve.frontend.http.appkeys import CONFIG
+from tinyserve.frontend.models.parse import json_body, parse_body
+from tinyserve.frontend.models.responses_requests import ResponsesRequest
+from tinyserve.frontend.openai.openai_handlers import chat_generation, check_model
+from tinyserve.frontend.request import pipeline
+from tinyserve.frontend.responses.responses_reply import ResponsesReply
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """Answer an input in the Responses API's shapes; JSON or SSE."""
+    req = parse_body(await json_body(request), ResponsesRequest, request.app[CONFIG])
+    check_model(request, req.model)
+    chat = req.chat_request()
+    generation, prompt_ids, parser = await chat_generation(request, chat)
+    # Thinking stays in the text here until the Responses API's reasoning items are served.
+    reply = ResponsesReply(req, generation, dataclasses.replace(parser, reasoning=None))
+    return await pipeline.run(request, generation, reply, prompt_ids)

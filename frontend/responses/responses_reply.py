@@ -1,0 +1,256 @@
+"""Replies of ``POST /v1/responses``, on ``request.reply_common``'s shared machinery.
+
+JSON: a ``Response``. SSE, each event named by its type and numbered (``sequence_number``):
+``response.created`` and ``response.in_progress``; for the message, ``output_item.added``,
+``content_part.added``, ``output_text.delta``s as the text comes, ``output_text.done``,
+``content_part.done``, ``output_item.done``; for each function call, ``output_item.added``,
+its arguments whole in one ``function_call_arguments.delta``, ``.done`` and
+``output_item.done``; then exactly one of ``response.completed``, ``response.incomplete``
+(``max_output_tokens`` reached) and ``response.failed`` (an error after the stream began).
+Keep-alive comments fill silences (``--sse-ping-interval``); with ``return_progress``,
+``response.prompt_progress`` events report the prefill.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from tinyserve.frontend.http.api_errors import ApiError
+from tinyserve.frontend.http.appkeys import LINK
+from tinyserve.frontend.models.common import json_response
+from tinyserve.frontend.models.openai_reply_bodies import ToolCall
+from tinyserve.frontend.models.progress import PromptProgress
+from tinyserve.frontend.models.responses_replies import (
+    ArgumentsDelta,
+    ArgumentsDone,
+    ContentPartEvent,
+    EchoedTool,
+    FunctionToolCall,
+    IncompleteDetails,
+    ItemStatus,
+    Lifecycle,
+    OutputItem,
+    OutputItemEvent,
+    OutputMessage,
+    OutputTextContent,
+    OutputTextDelta,
+    OutputTextDone,
+    Response,
+    ResponseError,
+    ResponsesProgress,
+    ResponsesUsage,
+    Status,
+)
+from tinyserve.frontend.models.responses_requests import FunctionChoice, ResponsesRequest
+from tinyserve.frontend.openai.chat_output import ChatEvents, Ending, collect_ending
+from tinyserve.frontend.openai.openai_reply import openai_finish_error
+from tinyserve.frontend.request.generation import Generation
+from tinyserve.frontend.request.record import RequestRecord
+from tinyserve.frontend.request.reply_common import (
+    LoadNow,
+    sse_event,
+    write_sse,
+)
+from tinyserve.frontend.request.streams import Finish, RequestStream
+from tinyserve.frontend.structured.reply_parser import ReplyParser
+
+ID_PREFIX, MESSAGE_PREFIX, CALL_PREFIX = "resp_", "msg_", "fc_"
+
+
+class ResponsesReply:
+    """The ``Reply`` of one ``/v1/responses`` request (see ``pipeline.run``); ``parser``
+    reads its text and function calls in the model's own syntax."""
+
+    def __init__(self, req: ResponsesRequest, generation: Generation, parser: ReplyParser) -> None:
+        self.parser = parser
+        self.created = int(time.time())
+        self._fields = _echoed(req, generation)  # what every Response repeats of the request
+
+    async def __call__(
+        self, request: web.Request, stream: RequestStream, record: RequestRecord
+    ) -> web.StreamResponse:
+        load = request.app[LINK].load
+        if record.generation.stream:
+            events = _ResponseEvents(self, stream, record, load)
+            return await write_sse(request, record.request_id, events)
+        output, ending = await collect_ending(stream, load, self.parser)
+        status = _status(ending)
+        items: list[OutputItem] = []
+        if ending.text or not ending.calls:
+            items.append(message(record, ending.text, status))
+        items += [function_call(call, "completed") for call in ending.calls]
+        usage = _usage(record, output.finish, output.tokens)
+        body = self.response(record, status, items, usage)
+        return json_response(body, headers={"X-Request-Id": record.request_id})
+
+    def response(
+        self,
+        record: RequestRecord,
+        status: Status,
+        output: list[OutputItem],
+        usage: ResponsesUsage | None = None,
+        error: ApiError | None = None,
+    ) -> Response:
+        """The response as it stands."""
+        failure = None
+        if error is not None:
+            failure = ResponseError(code="server_error", message=error.message,
+                                    type=error.reason or error.type)  # fmt: skip
+        incomplete = (
+            IncompleteDetails(reason="max_output_tokens") if status == "incomplete" else None
+        )
+        return Response(
+            id=ID_PREFIX + record.request_id, created_at=self.created, status=status,
+            output=output, usage=usage, error=failure, incomplete_details=incomplete,
+            **self._fields,
+        )  # fmt: skip
+
+
+def _echoed(req: ResponsesRequest, generation: Generation) -> dict[str, Any]:
+    """The request's fields a Response repeats, with the defaults it ran with."""
+    choice: Any = req.tool_choice or "auto"
+    if isinstance(choice, FunctionChoice):
+        choice = choice.model_dump()
+    text_format = {"type": "text"}
+    if req.text is not None and req.text.format is not None:
+        text_format = req.text.format.model_dump(by_alias=True, exclude_none=True)
+    tools = [
+        EchoedTool(name=t.name, description=t.description, parameters=t.parameters, strict=True)
+        for t in req.tools
+    ]
+    return {
+        "model": req.model, "instructions": req.instructions,
+        "max_output_tokens": generation.max_tokens, "parallel_tool_calls": req.parallel_tool_calls,
+        "temperature": generation.sampling.temperature, "top_p": generation.sampling.top_p,
+        "tool_choice": choice, "tools": tools, "text": {"format": text_format},
+    }  # fmt: skip
+
+
+def message(record: RequestRecord, text: str | None, status: Status) -> OutputMessage:
+    """The message item: with ``text`` None, as it starts (no content yet)."""
+    if text is None:
+        return OutputMessage(
+            id=MESSAGE_PREFIX + record.request_id, status="in_progress", content=[]
+        )
+    done: ItemStatus = "incomplete" if status == "incomplete" else "completed"
+    content = [OutputTextContent(text=text)]
+    return OutputMessage(id=MESSAGE_PREFIX + record.request_id, status=done, content=content)
+
+
+def function_call(call: ToolCall, status: Any, arguments: str | None = None) -> FunctionToolCall:
+    """The function call item of ``call`` (with other ``arguments``: as it starts)."""
+    return FunctionToolCall(
+        id=CALL_PREFIX + call.id.removeprefix("call_"), call_id=call.id, name=call.function.name,
+        arguments=call.function.arguments if arguments is None else arguments, status=status,
+    )  # fmt: skip
+
+
+def _status(ending: Ending) -> Status:
+    return "incomplete" if ending.reason == "length" else "completed"
+
+
+def _usage(record: RequestRecord, finish: Finish, output_tokens: int) -> ResponsesUsage:
+    return ResponsesUsage.of(record.prompt_tokens_of(finish), output_tokens, finish.cached_tokens)
+
+
+class _ResponseEvents(ChatEvents):
+    """The events of a streamed response: the message's text as it comes, function calls
+    at the end, each event numbered."""
+
+    def __init__(
+        self, reply: ResponsesReply, stream: RequestStream, record: RequestRecord, load: LoadNow
+    ) -> None:
+        super().__init__(reply.parser, stream, record, load)
+        self._reply = reply
+        self._sequence = 0
+        self._items: list[OutputItem] = []  # done
+        self._message_open = False  # the message item started and is not done
+
+    def _event(self, kind: type[Any], **fields: Any) -> bytes:
+        body = kind(sequence_number=self._sequence, **fields)
+        self._sequence += 1
+        return sse_event(body, body.type)
+
+    def _lifecycle(self, kind: str, status: Status, **fields: Any) -> bytes:
+        response = self._reply.response(self.record, status, list(self._items), **fields)
+        return self._event(Lifecycle, type=kind, response=response)
+
+    def opening(self) -> list[bytes]:
+        return [self._lifecycle(kind, "in_progress")
+                for kind in ("response.created", "response.in_progress")]  # fmt: skip
+
+    def progress(self, progress: PromptProgress) -> bytes:
+        return self._event(ResponsesProgress, prompt_progress=progress)
+
+    def failure(self, error: ApiError) -> bytes:
+        return self._lifecycle("response.failed", "failed", error=error)
+
+    def _index(self) -> int:
+        return len(self._items)
+
+    def text(self, text: str) -> list[bytes]:
+        """A text delta, after the message item's start when it has not started."""
+        if not text:
+            return []
+        events = [] if self._message_open else self._open_message()
+        item_id = MESSAGE_PREFIX + self.record.request_id
+        where = {"item_id": item_id, "output_index": self._index(), "content_index": 0}
+        return [*events, self._event(OutputTextDelta, delta=text, **where)]
+
+    def _open_message(self) -> list[bytes]:
+        self._message_open = True
+        item = message(self.record, None, "in_progress")
+        where = {"item_id": item.id, "output_index": self._index(), "content_index": 0}
+        added = self._event(OutputItemEvent, type="response.output_item.added",
+                            output_index=self._index(), item=item)  # fmt: skip
+        part = self._event(ContentPartEvent, type="response.content_part.added",
+                           part=OutputTextContent(text=""), **where)  # fmt: skip
+        return [added, part]
+
+    def _close_message(self, status: Status) -> list[bytes]:
+        text = self.output.text
+        item = message(self.record, text, status)
+        where = {"item_id": item.id, "output_index": self._index(), "content_index": 0}
+        events = [
+            self._event(OutputTextDone, text=text, **where),
+            self._event(ContentPartEvent, type="response.content_part.done",
+                        part=OutputTextContent(text=text), **where),
+            self._event(OutputItemEvent, type="response.output_item.done",
+                        output_index=self._index(), item=item),
+        ]  # fmt: skip
+        self._items.append(item)
+        self._message_open = False
+        return events
+
+    def _call(self, call: ToolCall) -> list[bytes]:
+        index, done = self._index(), function_call(call, "completed")
+        where = {"item_id": done.id, "output_index": index}
+        events = [
+            self._event(OutputItemEvent, type="response.output_item.added", output_index=index,
+                        item=function_call(call, "in_progress", "")),
+            self._event(ArgumentsDelta, delta=done.arguments, **where),
+            self._event(ArgumentsDone, name=done.name, arguments=done.arguments, **where),
+            self._event(OutputItemEvent, type="response.output_item.done", output_index=index,
+                        item=done),
+        ]  # fmt: skip
+        self._items.append(done)
+        return events
+
+    async def end(self, finish: Finish) -> list[bytes]:
+        error = openai_finish_error(finish, self.load())
+        if error is not None:
+            return [self.failure(error)]
+        ending = self.output.end(finish)
+        status = _status(ending)
+        events = self.text(ending.text)
+        if self._message_open or not ending.calls:
+            events += [] if self._message_open else self._open_message()
+            events += self._close_message(status)
+        for call in ending.calls:
+            events += self._call(call)
+        usage = _usage(self.record, finish, self.tokens)
+        kind = "response.incomplete" if status == "incomplete" else "response.completed"
+        return [*events, self._lifecycle(kind, status, usage=usage)]

@@ -1,0 +1,250 @@
+"""Anthropic's Messages API end to end through the frontend, against the stand-in engine:
+replies and event streams in Anthropic's shapes, tool use both ways, stop reasons, usage
+with the prefix cache, token counts, errors in Anthropic's shape naming the field."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from tests.frontend.harness import FakeEngine, Tick, accepted
+from tinyserve import protocol
+from tinyserve.frontend.http.appkeys import TOKENIZER
+
+Client = TestClient[Any, Any]
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+BODY = {"model": "fake", "max_tokens": 16, "messages": USER}
+WEATHER = {
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                     "required": ["city"]},
+}  # fmt: skip
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def replying(
+    *pieces: str, reason: str = protocol.FINISH_STOP, cached: int = 0, ids: list[int] | None = None
+) -> Callable[[protocol.Submit], list[Tick]]:
+    """A script: accepted, then each piece as one token (ids 1, 2, ... unless given), then
+    the finish."""
+    token_ids = ids or list(range(1, len(pieces) + 1))
+
+    def script(submit: protocol.Submit) -> list[Tick]:
+        ticks: list[Tick] = [[accepted()]]
+        for token, text in zip(token_ids, pieces, strict=True):
+            ticks.append([{"token_ids": [token], "text": text.encode()}])
+        end = {"finish_reason": reason, "prompt_tokens": len(submit.prompt_ids),
+               "cached_tokens": cached}  # fmt: skip
+        ticks[-1][-1].update(end)
+        return ticks
+
+    return script
+
+
+async def events(response: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(name, data) of every event of an SSE body; each is named by its data's type."""
+    assert response.status == 200, await response.text()
+    body = (await response.read()).decode()
+    parsed = []
+    for raw in body.split("\n\n")[:-1]:
+        name_line, data_line = raw.split("\n")
+        name = name_line.removeprefix("event: ")
+        data = json.loads(data_line.removeprefix("data: "))
+        assert data["type"] == name
+        parsed.append((name, data))
+    return parsed
+
+
+async def anthropic_error(response: Any, status: int) -> dict[str, Any]:
+    assert response.status == status, await response.text()
+    body = await response.json()
+    assert body["type"] == "error" and set(body["error"]) == {"type", "message", "code"}
+    return dict(body["error"])
+
+
+async def test_a_message_in_anthropics_shape(served: Client, engine: FakeEngine) -> None:
+    engine.script = replying("Sunny", " and mild.", cached=3)
+    response = await served.post("/v1/messages", json=BODY)
+    assert response.status == 200, await response.text()
+    reply = await response.json()
+    [submit] = engine.submits
+    assert reply == {
+        "id": "msg_" + submit.request_id,
+        "type": "message",
+        "role": "assistant",
+        "model": "fake",
+        "content": [{"type": "text", "text": "Sunny and mild."}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": len(submit.prompt_ids) - 3, "output_tokens": 2,
+                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 3},
+    }  # fmt: skip
+    assert response.headers["X-Request-Id"] == submit.request_id
+    # The chat template rendered the conversation; sampling defaults as on the chat surface.
+    assert "What is the weather in Paris?" in (await detokenized(served, submit))
+    assert submit.max_tokens == 16 and submit.sampling.top_k == 40
+
+
+async def detokenized(served: Client, submit: protocol.Submit) -> str:
+    text: str = await served.app[TOKENIZER].detokenize(submit.prompt_ids)
+    return text
+
+
+async def test_a_stream_in_anthropics_event_order(served: Client, engine: FakeEngine) -> None:
+    engine.script = replying("Sunny", " and mild.", reason=protocol.FINISH_LENGTH, cached=2)
+    stream = await events(await served.post("/v1/messages", json={**BODY, "stream": True}))
+    names = [name for name, _ in stream]
+    assert names == ["message_start", "content_block_start", "content_block_delta",
+                     "content_block_delta", "content_block_stop", "message_delta",
+                     "message_stop"]  # fmt: skip
+    [submit] = engine.submits
+    start = stream[0][1]["message"]
+    assert (start["content"], start["stop_reason"], start["usage"]["output_tokens"]) == (
+        [],
+        None,
+        0,
+    )
+    assert start["usage"]["input_tokens"] == len(submit.prompt_ids)
+    assert stream[1][1] == {"type": "content_block_start", "index": 0,
+                            "content_block": {"type": "text", "text": ""}}  # fmt: skip
+    texts = [data["delta"]["text"] for name, data in stream if name == "content_block_delta"]
+    assert texts == ["Sunny", " and mild."]
+    delta = stream[-2][1]
+    assert delta["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+    usage = delta["usage"]
+    assert (usage["output_tokens"], usage["cache_read_input_tokens"]) == (2, 2)
+    assert usage["input_tokens"] == len(submit.prompt_ids) - 2
+
+
+async def test_tool_use_and_its_result(served: Client, engine: FakeEngine) -> None:
+    engine.script = replying(CALL[:20], CALL[20:])
+    body = {**BODY, "tools": [WEATHER], "tool_choice": {"type": "any"}}
+    reply = await (await served.post("/v1/messages", json=body)).json()
+    [use] = reply["content"]
+    assert (use["type"], use["name"], use["input"]) == (
+        "tool_use",
+        "get_weather",
+        {"city": "Paris"},
+    )
+    assert reply["stop_reason"] == "tool_use"
+    # "any" is chat's "required": the grammar admits only calls, and the prompt offers the tool.
+    first = engine.submits[0]
+    assert first.sampling.grammar.startswith("root ::= call")
+    assert "get_weather" in await detokenized(served, first)
+    # The next turn carries the tool use and its result back.
+    result = {"type": "tool_result", "tool_use_id": use["id"], "content": "18 C, sunny"}
+    turns = [*USER, {"role": "assistant", "content": reply["content"]},
+             {"role": "user", "content": [result]}]  # fmt: skip
+    engine.script = replying("It is 18 C.")
+    follow = {**BODY, "tools": [WEATHER], "messages": turns}
+    answer = await (await served.post("/v1/messages", json=follow)).json()
+    assert answer["content"] == [{"type": "text", "text": "It is 18 C."}]
+    prompt = await detokenized(served, engine.submits[1])
+    assert '"city": "Paris"' in prompt and "<tool_response>\n18 C, sunny" in prompt
+
+
+async def test_a_streamed_tool_use_comes_whole(served: Client, engine: FakeEngine) -> None:
+    engine.script = replying(CALL[:20], CALL[20:])
+    body = {**BODY, "tools": [WEATHER], "stream": True}
+    stream = await events(await served.post("/v1/messages", json=body))
+    names = [name for name, _ in stream]
+    assert names == ["message_start", "content_block_start", "content_block_delta",
+                     "content_block_stop", "message_delta", "message_stop"]  # fmt: skip
+    block = stream[1][1]["content_block"]
+    assert (block["type"], block["name"], block["input"]) == ("tool_use", "get_weather", {})
+    assert json.loads(stream[2][1]["delta"]["partial_json"]) == {"city": "Paris"}
+    assert stream[-2][1]["delta"]["stop_reason"] == "tool_use"
+
+
+async def test_a_stop_sequence_is_named(served: Client, engine: FakeEngine) -> None:
+    ids = await served.app[TOKENIZER].tokenize("Sunny. Anything else")
+    stopped = {**BODY, "stop_sequences": ["else", " Anything"]}
+    engine.script = replying(*(await pieces(served, ids)), ids=ids)
+    reply = await (await served.post("/v1/messages", json=stopped)).json()
+    assert (reply["stop_reason"], reply["stop_sequence"]) == ("stop_sequence", " Anything")
+    reply = await (await served.post("/v1/messages", json=BODY)).json()
+    assert (reply["stop_reason"], reply["stop_sequence"]) == ("end_turn", None)
+    assert engine.submits[0].sampling.stop == ["else", " Anything"]
+
+
+async def pieces(served: Client, ids: list[int]) -> list[str]:
+    """The text of each token but that the engine shows none from the stop string on."""
+    texts = [p.decode() for p in await served.app[TOKENIZER].token_pieces(ids)]
+    cut = "".join(texts).index(" Anything")
+    shown, out = 0, []
+    for text in texts:
+        out.append(text[: max(0, cut - shown)])
+        shown += len(text)
+    return out
+
+
+async def test_count_tokens_is_the_prompt_a_request_is_charged(
+    served: Client, engine: FakeEngine
+) -> None:
+    conversation = {"model": "fake", "messages": USER, "system": "Be brief.", "tools": [WEATHER]}
+    counted = await served.post("/v1/messages/count_tokens", json=conversation)
+    assert counted.status == 200, await counted.text()
+    engine.script = replying("Sunny")
+    reply = await (await served.post("/v1/messages", json={**conversation, "max_tokens": 8})).json()
+    usage = reply["usage"]
+    charged = usage["input_tokens"] + usage["cache_read_input_tokens"]
+    assert await counted.json() == {"input_tokens": charged}
+    assert charged == len(engine.submits[0].prompt_ids)
+
+
+BAD = [
+    ({**BODY, "max_tokens": None}, "'max_tokens' is required"),
+    ({**BODY, "max_tokens": 0}, "'max_tokens' must be an integer between 1 and 256"),
+    ({**BODY, "temperature": 1.5}, "'temperature' must be a number between 0 and 1"),
+    ({**BODY, "stop": ["x"]}, "unknown field 'stop'"),
+    ({**BODY, "messages": []}, "'messages' must have at least 1 item"),
+    ({**BODY, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+     "'messages[0].content[0]' must be a content block of type text, tool_use or tool_result"),
+    ({**BODY, "messages": [{"role": "assistant", "content": [
+        {"type": "tool_result", "tool_use_id": "t"}]}]},
+     "'messages[0].content' of the assistant's turn cannot hold a tool_result block"),
+    ({**BODY, "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}},
+     "no tool is named 'nope'"),
+    ({**BODY, "tool_choice": {"type": "sometimes"}}, "'tool_choice' must have 'type' auto"),
+    ({**BODY, "thinking": {"type": "enabled", "budget_tokens": 2048}},
+     "'thinking' is not supported"),
+    ({**BODY, "tools": [WEATHER], "output_config": {"format": {"type": "json_schema",
+                                                               "schema": {}}}},
+     "'output_config.format' excludes 'tools'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "message"), BAD)
+async def test_bad_input_is_a_400_in_anthropics_shape(
+    served: Client, engine: FakeEngine, body: dict[str, Any], message: str
+) -> None:
+    error = await anthropic_error(await served.post("/v1/messages", json=body), 400)
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].startswith(message), error
+    assert not engine.submits
+
+
+async def test_other_errors_in_anthropics_shape(served: Client, engine: FakeEngine) -> None:
+    missing = await anthropic_error(
+        await served.post("/v1/messages", json={**BODY, "model": "x"}), 404
+    )
+    assert missing["type"] == "not_found_error" and "'fake'" in missing["message"]
+    engine.script = lambda submit: [[{"finish_reason": protocol.FINISH_REJECTED,
+                                      "detail": protocol.REJECT_QUEUE_FULL}]]  # fmt: skip
+    full = await served.post("/v1/messages", json=BODY)
+    overloaded = await anthropic_error(full, 503)
+    assert (overloaded["type"], overloaded["code"]) == ("overloaded_error", "queue_full")
+    assert full.headers["Retry-After"]
+    failure = {"finish_reason": protocol.FINISH_ERROR, "detail": "decode failed"}
+    engine.script = lambda submit: [[accepted()], [{"token_ids": [1], "text": b"Hi"}], [failure]]
+    stream = await events(await served.post("/v1/messages", json={**BODY, "stream": True}))
+    assert [name for name, _ in stream][-2:] == ["content_block_delta", "error"]
+    assert stream[-1][1]["error"] == {"type": "api_error", "message": "decode failed",
+                                      "code": "engine_error"}  # fmt: skip
+    not_json = await served.post("/v1/messages", data="x", headers={"Content-Type": "text/plain"})
+    assert (await anthropic_error(not_json, 415))["type"] == "invalid_request_error"
