@@ -43,6 +43,12 @@ class TickDrafts:
         entries = [logprobs] if logprobs is not None else []
         self._add(request, RequestUpdate(request.request_id, 0, [token_id], text, logprobs=entries))
 
+    def progress(self, request: Submit, done: int, cached: int) -> None:
+        """A prefill chunk ran: ``done`` prompt tokens are in its slot, ``cached`` of them
+        reused (what the frontend's progress events report)."""
+        update = RequestUpdate(request.request_id, 0, cached_tokens=cached, prompt_done=done)
+        self._add(request, update)
+
     def prompt_logprobs(self, request: Submit, entries: list[list[Any]]) -> None:
         self._add(request, RequestUpdate(request.request_id, 0, prompt_logprobs=entries))
 

@@ -209,6 +209,7 @@ class Scheduler:
             seq.timeline.decode_tick(self.tick, batch_size, now)
         else:
             seq.timeline.prefill_chunk(self.tick, n, now, int(decode_s * 1e9))
+            self.drafts.progress(seq.request, seq.n_past, seq.timeline.prefix_tokens)
             if seq.n_past == seq.prompt_len and seq.request.max_tokens == 0:
                 self.finish(seq, FINISH_LENGTH)  # the prompt's logprobs alone (echo)
                 return

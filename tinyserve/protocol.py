@@ -319,8 +319,9 @@ class RequestUpdate(Message):
 
     def merge(self, later: RequestUpdate) -> RequestUpdate:
         """This update and ``later`` (of the same request) as one: the output of both in
-        order, ``accepted`` if either was, and the end from whichever has it (``later``'s
-        first). Keeps this one's ``seq``: merging happens on one side of the wire only."""
+        order, ``accepted`` if either was, the prefill's progress as far as either got, and
+        the end from whichever has it (``later``'s first). Keeps this one's ``seq``: merging
+        happens on one side of the wire only."""
         end = later if later.ended else self
         return RequestUpdate(
             self.request_id,
@@ -331,10 +332,11 @@ class RequestUpdate(Message):
             end.finish_reason,
             end.detail,
             end.prompt_tokens,
-            end.cached_tokens,
+            later.cached_tokens or self.cached_tokens,
             end.timeline,
             self.logprobs + later.logprobs,
             self.prompt_logprobs + later.prompt_logprobs,
+            max(self.prompt_done, later.prompt_done),
         )
 
 
