@@ -11,7 +11,7 @@ import pytest
 from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.report import Batch, Ended, Grant
-from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
 
 from .conftest import core_config
 
@@ -170,7 +170,7 @@ def _incomplete_utf8(data: bytes) -> bool:
     ("overrides", "prompt_len", "max_tokens", "reason"),
     [
         ({}, 1000, 100, p.REJECT_TOO_LONG),
-        ({}, 500, 13, p.REJECT_TOO_LONG),  # one more than a slot's 512 cells
+        ({}, 500, 13, p.REJECT_TOO_LONG),  # one more than a slot's 512 cells hold
         ({}, 0, 4, p.REJECT_TOO_LONG),
         ({"max_queue": 1, "slots": 1}, 20, 4, p.REJECT_QUEUE_FULL),
     ],
@@ -188,17 +188,23 @@ def test_rejections(
     assert (final.finish_reason, final.detail) == (p.FINISH_REJECTED, reason)
 
 
-def test_a_request_may_fill_its_slots_cells_and_no_more(runtime: LlamaRuntime) -> None:
-    """Each slot has cells of its own: the longest request is one slot's, not the context's."""
-    driver = Driver(EngineCore(core_config(chunk=256, max_batch_tokens=256), runtime))
-    assert driver.core.n_ctx == runtime.n_ctx_seq == 512
-    ok = driver.submit(list(range(100, 600)), max_tokens=12)
-    too_long = driver.submit(list(range(100, 600)), max_tokens=13)
-    driver.run()
-    assert driver.final(ok).finish_reason == p.FINISH_LENGTH
-    assert len(driver.tokens(ok)) == 12
-    final = driver.final(too_long)
-    assert (final.finish_reason, final.detail) == (p.FINISH_REJECTED, p.REJECT_TOO_LONG)
+def test_a_request_may_fill_its_slots_cells_and_no_more() -> None:
+    """Each slot has cells of its own: the longest request is one slot's, not the context's
+    (two slots of 256 cells here, the least llama.cpp gives a stream)."""
+    config = core_config(slots=2, ctx_per_slot=256, chunk=256, max_batch_tokens=256)
+    runtime = LlamaRuntime(RuntimeSpec.from_config(config))
+    try:
+        driver = Driver(EngineCore(config, runtime))
+        assert driver.core.n_ctx == runtime.n_ctx_seq == 256
+        ok = driver.submit(list(range(100, 350)), max_tokens=6)
+        too_long = driver.submit(list(range(100, 350)), max_tokens=7)
+        driver.run()
+        assert driver.final(ok).finish_reason == p.FINISH_LENGTH
+        assert len(driver.tokens(ok)) == 6
+        final = driver.final(too_long)
+        assert (final.finish_reason, final.detail) == (p.FINISH_REJECTED, p.REJECT_TOO_LONG)
+    finally:
+        runtime.close()
 
 
 def test_load_counts_the_blocks_running_requests_fill_and_free_slots_keep(
