@@ -239,21 +239,15 @@ def test_a_cache_failure_while_storing_keeps_the_finish_and_the_slots_cells(
     assert driver.finishes[again].timeline.restore is None
 
 
-def run_long_then_hold_the_slot(d: Driver) -> None:
-    """LONG's blocks cached, and its cells gone from the one slot (another prompt's now)."""
-    d.submit(LONG, max_tokens=2)
-    d.run()
-    d.submit(OTHER, max_tokens=2)
-    d.run()
-
-
 def test_a_cache_failure_while_restoring_empties_it_and_the_request_prefills(
     runtime: LlamaRuntime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     expected = cold_tokens(runtime, LONG, 6)
     d = Driver(EngineCore(core_config(slots=1), runtime))
-    run_long_then_hold_the_slot(d)
-    real = runtime.load_seq
+    d.submit(LONG, max_tokens=2)
+    d.run()  # its blocks are cached
+    d.submit(OTHER, max_tokens=2)
+    d.run()  # the one slot keeps OTHER now: LONG is in the cache alone
 
     def load_seq(seq_id: int, state: Any) -> bool:
         raise RuntimeError("state_seq_set_data failed")
@@ -261,7 +255,6 @@ def test_a_cache_failure_while_restoring_empties_it_and_the_request_prefills(
     monkeypatch.setattr(runtime, "load_seq", load_seq)
     bad = d.submit(LONG, max_tokens=6)
     d.run()
-    monkeypatch.setattr(runtime, "load_seq", real)
     assert [request_id_of(r) for r in cache_failures(caplog, "restoring its prefix")] == [bad]
     final = d.final(bad)
     assert (final.finish_reason, final.cached_tokens) == (p.FINISH_LENGTH, 0)
