@@ -270,14 +270,14 @@ def test_a_cache_failure_while_restoring_empties_it_and_the_request_prefills(
     "llama_state_seq_set_data dropped, and the request then decodes over missing cells",
 )
 def test_a_restore_llama_cpp_refuses_leaves_the_request_running(
-    runtime: LlamaRuntime, monkeypatch: pytest.MonkeyPatch
+    runtime: LlamaRuntime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """llama.cpp drops the slot's cells before it reads a saved state, and keeps them dropped
     when it refuses one. The slot kept a 20-token start of the prompt; the cache held more,
     so the grant wrote it there, and llama.cpp refused the state."""
-    shared, rest = list(range(2000, 2020)), list(range(2100, 2180))
+    shared, rest = list(range(2000, 2020)), list(range(2100, 2130))
     d = Driver(EngineCore(core_config(slots=1), runtime))
-    d.submit(shared + rest, max_tokens=2)  # cached: 100 tokens
+    d.submit(shared + rest, max_tokens=2)  # cached: 50 tokens
     d.run()
     d.submit([*shared, *OTHER], max_tokens=2)  # slot 0 keeps shared + OTHER
     d.run()
@@ -299,6 +299,9 @@ def test_a_restore_llama_cpp_refuses_leaves_the_request_running(
     monkeypatch.setattr(runtime, "load_seq", real)
     final = d.final(rid)
     assert (final.finish_reason, final.detail) == (p.FINISH_LENGTH, "")
+    # Its slot held positions 0..n-1 at the end (else its store would fail), and it
+    # generated what a cold prefill does.
+    assert not cache_failures(caplog, "caching its prefix")
     assert d.tokens(rid) == cold_tokens(runtime, prompt, 4, ignore_eos=True)
 
 
