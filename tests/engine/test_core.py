@@ -10,8 +10,8 @@ import pytest
 
 from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.report import Batch, Finish, Grant
-from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.engine.report import Batch, Ended, Grant
+from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
 
 from .conftest import core_config
 
@@ -26,7 +26,7 @@ class Driver:
         self.updates: dict[str, list[p.RequestUpdate]] = defaultdict(list)
         self.batches: list[Batch] = []
         self.grants: list[Grant] = []
-        self.finishes: dict[str, Finish] = {}  # by request id
+        self.finishes: dict[str, Ended] = {}  # by request id
         self._n = 0
 
     def submit(self, prompt_ids: list[int], max_tokens: int = 8, **sampling: object) -> str:
@@ -95,7 +95,8 @@ def test_concurrent_requests_share_batches(driver: Driver) -> None:
     driver.run()
     assert all(driver.final(r).finish_reason == p.FINISH_LENGTH for r in rids)
     assert max(b.requests for b in driver.batches) == 4
-    assert driver.core.blocks.used == 0 and not driver.core.running
+    load = driver.core.load()
+    assert (load.running, load.waiting, load.blocks_used) == (0, 0, 0)
 
 
 def test_prefill_is_chunked_within_the_token_budget(driver: Driver) -> None:
@@ -169,6 +170,7 @@ def _incomplete_utf8(data: bytes) -> bool:
     ("overrides", "prompt_len", "max_tokens", "reason"),
     [
         ({}, 1000, 100, p.REJECT_TOO_LONG),
+        ({}, 500, 13, p.REJECT_TOO_LONG),  # one more than a slot's 512 cells hold
         ({}, 0, 4, p.REJECT_TOO_LONG),
         ({"max_queue": 1, "slots": 1}, 20, 4, p.REJECT_QUEUE_FULL),
     ],
@@ -186,66 +188,70 @@ def test_rejections(
     assert (final.finish_reason, final.detail) == (p.FINISH_REJECTED, reason)
 
 
-def test_a_request_short_of_kv_blocks_waits_for_them_and_keeps_its_place(driver: Driver) -> None:
-    total = driver.core.blocks.total * 16
-    big = driver.submit(list(range(1, 200)), max_tokens=total - 200 - 16)
-    late = driver.submit(list(range(1, 30)), max_tokens=8)
-    small = driver.submit(list(range(1, 5)), max_tokens=2)  # would fit, but comes after late
-    driver.step()
-    assert driver.updates[big][0].accepted and driver.updates[late][0].accepted
-    assert driver.core.blocks.free < driver.core.blocks.blocks_for(29 + 8)
-    assert [s.request_id for s in driver.core.blocked] == [late, small]
-    assert driver.core.load().waiting == 2
-    driver.core.cancel(big)
+def test_a_request_may_fill_its_slots_cells_and_no_more() -> None:
+    """Each slot has cells of its own: the longest request is one slot's, not the context's
+    (two slots of 256 cells here, the least llama.cpp gives a stream)."""
+    config = core_config(slots=2, ctx_per_slot=256, chunk=256, max_batch_tokens=256)
+    runtime = LlamaRuntime(RuntimeSpec.from_config(config))
+    try:
+        driver = Driver(EngineCore(config, runtime))
+        assert driver.core.n_ctx == runtime.n_ctx_seq == 256
+        ok = driver.submit(list(range(100, 350)), max_tokens=6)
+        too_long = driver.submit(list(range(100, 350)), max_tokens=7)
+        driver.run()
+        assert driver.final(ok).finish_reason == p.FINISH_LENGTH
+        assert len(driver.tokens(ok)) == 6
+        final = driver.final(too_long)
+        assert (final.finish_reason, final.detail) == (p.FINISH_REJECTED, p.REJECT_TOO_LONG)
+    finally:
+        runtime.close()
+
+
+def test_load_counts_the_blocks_running_requests_fill_and_free_slots_keep(
+    driver: Driver,
+) -> None:
+    core = driver.core
+    assert core.load().blocks_total == 4 * 512 // 16
+    first = driver.submit(PROMPT, max_tokens=2)
     driver.run()
-    assert driver.final(late).finish_reason == p.FINISH_LENGTH
-    assert driver.final(small).finish_reason == p.FINISH_LENGTH
-    timeline = driver.final(late).timeline
-    assert timeline is not None
-    assert timeline["accepted"]["kv_wait_ms"] > 0
-    # Accepted when its blocks freed up, granted a slot no earlier.
-    assert timeline["slot"]["ms"] >= timeline["accepted"]["ms"]
-    assert timeline["queue"]["wait_ms"] >= 0
-    # The grant carries that wait for blocks to the metrics; a request that found them free
-    # waited none.
-    kv_waits = {g.request_id: g.kv_wait_s for g in driver.grants}
-    assert kv_waits[late] * 1e3 == pytest.approx(timeline["accepted"]["kv_wait_ms"], abs=1e-3)
-    assert kv_waits[big] == 0.0
-    assert driver.core.blocks.used == 0 and not driver.core.blocked
-
-
-def test_a_full_queue_of_requests_short_of_blocks_is_kv_cache_full(runtime: LlamaRuntime) -> None:
-    d = Driver(EngineCore(core_config(max_queue=1), runtime))
-    total = d.core.blocks.total * 16
-    d.submit(list(range(1, 200)), max_tokens=total - 200 - 16)
-    d.submit(list(range(1, 30)), max_tokens=8)  # waits for blocks: the queue's one place
-    rid = d.submit(list(range(1, 30)), max_tokens=8)
-    d.step()
-    assert (d.final(rid).finish_reason, d.final(rid).detail) == (
-        p.FINISH_REJECTED,
-        p.REJECT_KV_CACHE_FULL,
-    )
+    load = core.load()
+    # Its 40 prompt tokens and its first token stay in slot 0 (the last one never went in).
+    assert (load.running, load.waiting, load.blocks_used, load.blocks_cached) == (0, 0, 0, 3)
+    again = driver.submit([*PROMPT, *driver.tokens(first), 7], max_tokens=8)  # to slot 0
+    other = driver.submit(list(range(300, 350)), max_tokens=8)  # the lowest free: 1
+    driver.step()
+    assert [s.request_id if s else None for s in core.slots()] == [again, other, None, None]
+    load = core.load()
+    # again: 41 kept + 2 prefilled (3 blocks); other: a 32-token chunk of 50 (2 blocks)
+    assert (load.running, load.blocks_used, load.blocks_cached) == (2, 3 + 2, 0)
+    core.cancel(other)
+    driver.step()
+    load = core.load()
+    assert (load.running, load.blocks_used, load.blocks_cached) == (1, 3, 2)  # slot 1 keeps 32
 
 
 def test_cancel_frees_slot_and_blocks_within_one_tick(driver: Driver) -> None:
     running = driver.submit(list(range(1, 100)), max_tokens=50)
     driver.step()  # now prefilling
-    assert driver.core.blocks.used > 0 and len(driver.core.running) == 1
+    load = driver.core.load()
+    assert (load.running, load.blocks_used) == (1, 2)  # a chunk of 32
+    assert [s.request_id if s else None for s in driver.core.slots()] == [running, *[None] * 3]
     driver.core.cancel(running)
     driver.step()
     assert driver.final(running).finish_reason == p.FINISH_CANCELLED
-    assert driver.core.blocks.used == 0 and not driver.core.running
-    assert all(s is None for s in driver.core.slots)
+    load = driver.core.load()
+    assert (load.running, load.blocks_used) == (0, 0) and not driver.core.has_work()
+    assert driver.core.slots() == [None] * 4
 
 
 def test_timeouts(runtime: LlamaRuntime) -> None:
     d = Driver(EngineCore(core_config(slots=1, queue_timeout=0.05, request_timeout=0.3), runtime))
-    first = d.submit(PROMPT, max_tokens=500)
+    first = d.submit(PROMPT, max_tokens=400)
     second = d.submit(PROMPT, max_tokens=4)  # waits behind the first, which holds the slot
     d.run()
     assert d.final(second).finish_reason == p.FINISH_QUEUE_TIMEOUT
     assert d.final(first).finish_reason == p.FINISH_TIMEOUT
-    assert d.core.blocks.used == 0
+    assert d.core.load().blocks_used == 0 and not d.core.has_work()
 
 
 def test_logprobs_are_a_distribution_and_rank_the_greedy_choice_first(driver: Driver) -> None:

@@ -16,7 +16,7 @@ SLOTS = 8
 def running(max_tokens: int, generated: int = 0, prompt: int = 8, n_past: int = 8) -> Sequence:
     request = Submit("r", "f" * 32, list(range(prompt)), SamplingParams(), max_tokens, arrival_ns=0)
     status = Status.DECODE if n_past >= prompt else Status.PREFILL
-    return Sequence(request, [], 0, status=status, n_past=n_past, generated=generated)
+    return Sequence(request, status=status, n_past=n_past, output_ids=[1] * generated)
 
 
 def busy(drain: DrainRate, start_ns: int, seconds: float, step_s: float = 0.1) -> int:

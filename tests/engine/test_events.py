@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from tinyserve.engine import events
 from tinyserve.engine.events import EventFeed
-from tinyserve.engine.report import Batch, Cause, Finish, Grant, Load, Rejection, TickReport
+from tinyserve.engine.report import Batch, Cause, Ended, Grant, Load, Rejection, TickReport
 from tinyserve.engine.sequence import Sequence, Status
 from tinyserve.engine.timeline import Timeline
-from tinyserve.protocol import REJECT_QUEUE_FULL, FeedUpdate, SamplingParams, Submit, decode, encode
+from tinyserve.protocol import (
+    REJECT_QUEUE_FULL,
+    FeedUpdate,
+    RequestUpdate,
+    SamplingParams,
+    Submit,
+    decode,
+    encode,
+)
 
 MS = 1_000_000
 LOAD = Load(tick=5, waiting=2, running=1, blocks_total=64, blocks_used=10, blocks_cached=4,
@@ -20,18 +28,18 @@ def submit(request_id: str, tenant: str = "a", priority: int = 0, prompt: int = 
 
 
 def seq(request_id: str, status: Status, **kw: object) -> Sequence:
-    s = Sequence(submit(request_id, **kw), [], 0, status=status)  # type: ignore[arg-type]
-    return s
+    return Sequence(submit(request_id, **kw), status=status)  # type: ignore[arg-type]
 
 
 def tick(tokens: int = 4, grants: int = 0, finishes: int = 0) -> TickReport:
-    report = TickReport(LOAD, batch=Batch(2, tokens, tokens - 1, 1, 0.01), generated=1)
+    one_token = {"f" * 32: [RequestUpdate("d", 0, [7])]}  # generated: one token
+    report = TickReport(LOAD, one_token, batch=Batch(2, tokens, tokens - 1, 1, 0.01))
     report.grants = [Grant(f"g{i}", "arrival", "a", 0, 0.5) for i in range(grants)]
     for i in range(finishes):
         timeline = Timeline(submit(f"f{i}"), "fifo")
         timeline.first_token(20 * MS)
         timeline.end("length", "", 5, 50 * MS, 4)
-        report.finishes.append(Finish("length", Cause.NONE, 8, 0, timeline))
+        report.finishes.append(Ended("length", Cause.NONE, 8, 0, timeline))
     return report
 
 

@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinyserve.engine.policies import Policy, make_policy
-from tinyserve.engine.prefix_cache import Hit
 from tinyserve.engine.sequence import Sequence, Status
 from tinyserve.engine.srpt import SrptPolicy, work
 from tinyserve.engine.wfq import WfqPolicy
@@ -42,7 +41,7 @@ def seq(
         arrival_ns=arrival_ns,
         deadline_ms=deadline_ms,
     )
-    return Sequence(request, [], n)
+    return Sequence(request, order=n, status=Status.WAITING)  # as the scheduler accepts it
 
 
 def admit(policy: Policy) -> Sequence | None:
@@ -226,7 +225,7 @@ def test_srpt_without_aging_admits_smallest_work_first() -> None:
 
 def test_srpt_work_leaves_out_the_cached_prefix() -> None:
     cached = seq(tokens=50, prompt=200)
-    cached.hit = Hit(160, list(range(10)))
+    cached.cache_hint = 160
     assert work(cached) == 200 - 160 + 50
     policy = make_policy("srpt", srpt_aging=0)
     uncached = seq(tokens=50, prompt=100)

@@ -22,14 +22,14 @@ def test_a_tick_reports_grants_batch_composition_and_load(runtime: LlamaRuntime)
     assert report.grants[0].wait_s >= 0
     assert report.batch is not None
     assert (report.batch.prefill_tokens, report.batch.decode_tokens) == (32, 0)  # --chunk 32
-    assert report.load.running == 1 and report.load.blocks_used > 0
+    assert (report.load.running, report.load.blocks_used) == (1, 2)  # 32 tokens in its slot
     assert [u.accepted for u in report.updates[FRONTEND]] == [True]
     report = d.core.step()  # the rest of the prompt (8 tokens) and no decode row yet
     assert report.batch is not None and (report.batch.prefill_tokens, report.batch.tokens) == (8, 8)
     assert report.generated == 1  # the prompt's last chunk gave the first token
     report = d.core.step()
     assert report.batch is not None and report.batch.decode_tokens == 1
-    assert report.load.tick == d.core.tick and not report.grants
+    assert report.load.tick == d.core.scheduler.tick == 3 and not report.grants
 
 
 def test_finishes_say_who_ended_them(runtime: LlamaRuntime) -> None:
@@ -52,7 +52,7 @@ def test_finishes_say_who_ended_them(runtime: LlamaRuntime) -> None:
 
 def test_rejections_are_reported_apart_from_finishes(runtime: LlamaRuntime) -> None:
     d = Driver(EngineCore(core_config(), runtime))
-    d.submit(list(range(1, 1100)), max_tokens=8)  # more than the 1024-token context
+    d.submit(list(range(1, 510)), max_tokens=8)  # more than a slot's 512 cells
     report = d.core.step()
     assert [r.reason for r in report.rejections] == [p.REJECT_TOO_LONG]
     assert not report.finishes and report.batch is None
@@ -62,6 +62,6 @@ def test_rejections_are_reported_apart_from_finishes(runtime: LlamaRuntime) -> N
 def test_an_idle_report_has_the_load_and_nothing_else(runtime: LlamaRuntime) -> None:
     core = EngineCore(core_config(), runtime)
     report = core.report()
-    assert report.load.blocks_total == core.blocks.total and report.load.waiting == 0
+    assert report.load.blocks_total == 4 * 512 // 16 and report.load.waiting == 0
     assert not (report.updates or report.grants or report.finishes or report.rejections)
     assert report.batch is None and report.generated == 0

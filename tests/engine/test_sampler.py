@@ -79,7 +79,7 @@ def test_bad_grammar_or_dead_end_fails_that_request_only(
     assert d.final(dead_end).finish_reason == p.FINISH_ERROR
     assert "grammar allows no token" in d.final(dead_end).detail
     assert d.final(fine).finish_reason == p.FINISH_LENGTH
-    assert d.core.blocks.used == 0
+    assert d.core.load().blocks_used == 0 and not d.core.has_work()
 
 
 def test_logit_bias_forces_and_bans_tokens(
