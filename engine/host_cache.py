@@ -194,9 +194,11 @@ class HostCache:
         return row
 
     def held(self) -> Iterator[int]:
-        """Every row the tree holds, shallow blocks first."""
-        rows = [row for row in range(self.blocks.total) if row in self.tree]
-        return iter(sorted(rows, key=self.tree.depth))
+        """Every row the tree holds, shallow blocks first, the most recently used first
+        among equals."""
+        tree = self.tree
+        rows = [row for row in range(self.blocks.total) if row in tree]
+        return iter(sorted(rows, key=lambda row: (tree.depth(row), -tree.last_used(row))))
 
     # -- bookkeeping --------------------------------------------------------------------------
 

@@ -71,6 +71,7 @@ class KvSpace:
         self.block_size = config.block_size
         self.n_slots = config.slots
         self.kept = SlotPrefixes(config.slots, config.block_size)
+        self.reuse = config.prefix_cache  # off: every request prefills its whole prompt
         self.stats = CacheStats()
         self.cache: HostCache | None = None
         self._capacity = config.host_cache_mb * 2**20
@@ -86,6 +87,8 @@ class KvSpace:
         # NOTE: a follower takes its leader's cells and a request that wants prompt logprobs
         # prefills every position (cached positions have no logits): neither reuses.
         offered = self.kept.offered(free)
+        if not self.reuse:
+            return self._keep(self.kept.spare(offered), 0)
         if seq.leader is not None or prompt_logprobs.wanted(seq):
             seq.timeline.prefix_recomputed = self.hint(seq.request.prompt_ids)
             return self._keep(self.kept.spare(offered), 0)
@@ -94,7 +97,10 @@ class KvSpace:
         hit = self._call(seq, "looking the prompt up", lambda c: c.lookup(prompt), NO_HIT)
         reuse = None
         if hit.n_tokens > kept:
-            reuse = self._restore(seq, self.kept.spare(offered), hit)
+            target = self.kept.spare(offered)
+            reuse = self._restore(seq, target, hit)
+            if reuse is None and target == slot:
+                kept = 0  # the refused state took the slot's cells with it
         reuse = reuse or self._keep(slot, kept)
         self._count(prompt, reuse)
         return reuse
@@ -102,7 +108,7 @@ class KvSpace:
     def finish(self, seq: Sequence, served: bool) -> None:
         """``seq`` leaves its slot: when ``served`` (not after a failure, which may have left
         its cells wrong), its full blocks go to the cache and the slot keeps its cells."""
-        if not served:
+        if not served or not self.reuse:
             self.runtime.forget(seq.slot)
             self.kept.keep(seq.slot, [])
             return
@@ -147,7 +153,10 @@ class KvSpace:
             return cache.restore(hit, lambda state: self.runtime.load_seq(slot, state))
 
         if not self._call(seq, "restoring its prefix", load, False):
+            # llama.cpp dropped the slot's cells before it read the state, and refused it.
             log.warning("prefix cache restore refused", extra=fields(request_id=seq.request_id))
+            self.runtime.forget(slot)
+            self.kept.take(slot)
             return None
         self.kept.take(slot)
         tier = TIER_DISK if hit.disk_tokens * 2 > hit.n_tokens else TIER_HOST

@@ -78,6 +78,13 @@ class StateLayout:
     def read(cls, state: bytes, n_layer: int) -> StateLayout:
         """The layout of ``state``, a sequence of at least one cell saved from this context;
         ``n_layer`` is the model's, for telling the cell records' size."""
+        try:
+            return cls._read(state, n_layer)
+        except struct.error as exc:  # a count or header past the end of the state
+            raise StateFormatError(f"the saved state ends early: {exc}") from None
+
+    @classmethod
+    def _read(cls, state: bytes, n_layer: int) -> StateLayout:
         n_stream, count, start = _the_stream(state)
         end = len(state) - _U32.size * _streams_after(state, n_stream)
         for cell_record in range(_CELL_MIN, _CELL_MAX + 1, 4):
@@ -85,10 +92,14 @@ class StateLayout:
             if middle_at + 8 > end:
                 break
             v_trans, layers = struct.unpack_from("<II", state, middle_at)
-            if v_trans in (0, 1) and layers == n_layer:
+            if v_trans not in (0, 1) or layers != n_layer:
+                continue
+            try:  # (v_trans, n_layer) may be a coincidence inside longer cell records
                 records = _records(state, middle_at + 8, end, count, n_layer, bool(v_trans))
-                middle = state[middle_at : middle_at + 8]
-                return cls(n_stream, cell_record, bytes(middle), records)
+            except StateFormatError:
+                continue
+            middle = state[middle_at : middle_at + 8]
+            return cls(n_stream, cell_record, bytes(middle), records)
         raise StateFormatError("no cell record size fits a plain KV cache of this model")
 
     def positions(self, state: Bytes) -> tuple[int, npt.NDArray[np.int32]]:
@@ -212,6 +223,8 @@ def _records(
     records: list[Record] = []
     while offset < end:
         transposed = v_trans and len(records) >= n_layer
+        if offset + 12 > end:
+            raise StateFormatError("a K or V record's header runs past the saved state")
         if transposed:
             _, width, runs = struct.unpack_from("<iII", state, offset)
             header_size = 12

@@ -164,6 +164,24 @@ class Scheduler:
         self.drafts.granted(Grant(seq.request_id, kind, request.tenant, request.priority, wait_s))
         self.runner.start(seq)
         forks.on_grant(seq, self.kv.runtime)
+        if log.isEnabledFor(logging.DEBUG):
+            self._log_grant(seq, rule)
+
+    def _log_grant(self, seq: Sequence, rule: str) -> None:
+        assert seq.timeline.slot is not None
+        log.debug(
+            "slot granted",
+            extra=fields(
+                request_id=seq.request_id,
+                slot=seq.slot,
+                policy=self.policy.name,
+                rule=rule,
+                ahead=seq.timeline.slot.ahead,
+                waited_ms=seq.timeline.wait_ms(),
+                waiting=len(self.policy),
+                reused=seq.n_past,
+            ),
+        )
 
     def _plan(self) -> list[Row]:
         """Every decoding sequence's token first, then prefill chunks within the token budget

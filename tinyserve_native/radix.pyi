@@ -88,6 +88,10 @@ class RadixTree:
         """
     def is_leaf(self, block_id: int) -> bool:
         """Whether the node holding ``block_id`` has no children; ``KeyError`` if none does."""
+    def last_used(self, block_id: int) -> int:
+        """When the node holding ``block_id`` was last used (by ``match``, ``insert``,
+        ``extend``, ``add_tail``): a stamp that only grows; a node is never older than one
+        below it. ``KeyError`` if no node holds the id."""
     def depth(self, block_id: int) -> int:
         """Blocks above the node's: its tokens start at ``depth * block_size``; ``KeyError``
         if no node holds the id."""

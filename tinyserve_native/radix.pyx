@@ -159,6 +159,10 @@ cdef class RadixTree:
         """Whether the node for ``block_id`` has no children (``KeyError`` if absent)."""
         return not (<_Node>self._by_block[block_id]).children
 
+    def last_used(self, long long block_id) -> int:
+        """When the node was last used: a stamp that only grows (``KeyError`` if absent)."""
+        return (<_Node>self._by_block[block_id]).last_used
+
     def depth(self, long long block_id) -> int:
         """Blocks above the node's (``KeyError`` if absent): its tokens start at
         ``depth * block_size``."""

@@ -180,11 +180,6 @@ def test_blocks_and_tails_go_out_as_they_came_in() -> None:
     assert again.lookup([1, 2, 3, 4, 9, 9, 9, 9, 9, 0]).n_tokens == 9  # two blocks and a tail
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: stored_blocks lists blocks of equal depth in arena row order, not "
-    "most recently used first, so a short --cache-dir-mb keeps an arbitrary prefix",
-)
 def test_a_short_bound_writes_the_most_recently_used_of_equal_depth() -> None:
     blocks = host_blocks([5, 5, 5, 5]) + host_blocks([6, 6, 6, 6])
     for used in blocks:  # whichever row each has, the one used last is written

@@ -105,6 +105,9 @@ def test_prefill_is_chunked_within_the_token_budget(driver: Driver) -> None:
     chunks = [chunk.tokens for chunk in driver.finishes[rid].timeline.chunks]
     assert chunks == [32, 32, 32, 4]
     assert max(b.tokens for b in driver.batches) <= 64
+    # Each chunk's tick tells the frontend how far the prompt is (its progress events).
+    done = [u.prompt_done for u in driver.updates[rid] if u.prompt_done]
+    assert done == [32, 64, 96, 100]
 
 
 def test_greedy_result_does_not_depend_on_batch_company(runtime: LlamaRuntime) -> None:

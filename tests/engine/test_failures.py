@@ -264,11 +264,6 @@ def test_a_cache_failure_while_restoring_empties_it_and_the_request_prefills(
     assert d.core.kv.cache is not None and d.core.kv.cache.peek(LONG) == 96  # bad's, stored
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: KvSpace._restore leaves SlotPrefixes claiming the cells a refused "
-    "llama_state_seq_set_data dropped, and the request then decodes over missing cells",
-)
 def test_a_restore_llama_cpp_refuses_leaves_the_request_running(
     runtime: LlamaRuntime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import pytest
-
 from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.runtime import LlamaRuntime
@@ -71,11 +69,6 @@ def test_seeded_choices_differ_and_reproduce(
     assert len({tuple(t) for t in first}) == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: with --no-prefix-cache, KvSpace.grant still reuses what a free slot "
-    "kept (SlotPrefixes.choose), so the second choice reuses the first's cells",
-)
 def test_a_choice_granted_after_the_first_ended_prefills_alone(
     runtime: LlamaRuntime, tokenize: Callable[[str], list[int]]
 ) -> None:

@@ -55,24 +55,24 @@ def engine() -> Iterator[Engine]:
     e.runtime.close()
 
 
-def test_decode_rows_come_first_in_slot_order_then_prefill_chunks_within_the_budget(
+def test_decode_rows_first_then_prefill_chunks_within_the_budget_all_in_slot_order(
     engine: Engine,
 ) -> None:
     engine.submit("a", [1, 2, 3])
     engine.submit("b", [2, 2, 3])
     assert engine.step() == [(0, 3, True), (1, 3, True)]  # both prompts, a token each
-    engine.core.cancel("a")  # slot 0 frees up; b (slot 1) decodes on
-    engine.submit("c", [3, 2, 1])  # the lowest free slot: 0, granted after b
-    engine.submit("d", list(range(1, 21)))  # 20 tokens
-    engine.submit("e", list(range(2, 22)))
-    # In grant order: c's whole prompt (sampled), a chunk of d, what the budget leaves for e.
-    assert engine.step() == [(1, 1, True), (0, 3, True), (2, 6, False), (3, 2, False)]
-    assert [engine.slot_of(r) for r in "bcde"] == [1, 0, 2, 3]
-    # Decode rows by slot (c before b), then chunks of 6, the last one cut to the budget.
-    assert engine.step() == [(0, 1, True), (1, 1, True), (2, 6, False), (3, 4, False)]
-    assert engine.step() == [(0, 1, True), (1, 1, True), (2, 6, False), (3, 4, False)]
-    assert engine.step() == [(0, 1, True), (1, 1, True), (2, 2, True), (3, 6, False)]
-    assert engine.step() == [(0, 1, True), (1, 1, True), (2, 1, True), (3, 4, True)]
+    engine.core.cancel("a")  # slot 0 frees up (keeping a's cells); b (slot 1) decodes on
+    engine.submit("c", [3, 2, 1])  # next to b, a slot that keeps nothing: 2
+    engine.submit("d", list(range(1, 21)))  # 20 tokens: next to b and c, 3
+    engine.submit("e", list(range(2, 22)))  # the one left, 0
+    # The budget (12) in grant order: b's token, c's whole prompt (sampled), a chunk of d
+    # (6), what is left for e (2); the rows go to llama.cpp in slot order.
+    assert engine.step() == [(0, 2, False), (1, 1, True), (2, 3, True), (3, 6, False)]
+    assert [engine.slot_of(r) for r in "bcde"] == [1, 2, 3, 0]
+    assert engine.step() == [(0, 4, False), (1, 1, True), (2, 1, True), (3, 6, False)]
+    assert engine.step() == [(0, 4, False), (1, 1, True), (2, 1, True), (3, 6, False)]
+    assert engine.step() == [(0, 6, False), (1, 1, True), (2, 1, True), (3, 2, True)]
+    assert engine.step() == [(0, 4, True), (1, 1, True), (2, 1, True), (3, 1, True)]
 
 
 def finishes(report: TickReport) -> list[tuple[str, str, Cause]]:

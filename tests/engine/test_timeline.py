@@ -150,11 +150,6 @@ def test_recent_timelines_are_bounded_and_live_ones_answer(runtime: LlamaRuntime
     assert driver.core.timeline_of("never-seen") is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: Scheduler._grant no longer logs the 'slot granted' debug line "
-    "that docs/observability.md documents (the old EngineCore._log_grant)",
-)
 def test_scheduling_decisions_are_logged_at_debug_level(
     runtime: LlamaRuntime, caplog: pytest.LogCaptureFixture
 ) -> None:

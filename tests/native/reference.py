@@ -191,6 +191,9 @@ class RefRadix:
             raise ValueError("not a leaf")
         del self.nodes[key]
 
+    def last_used(self, block_id: int) -> int:
+        return self.nodes[self._key_of(block_id)][1]
+
     def depth(self, block_id: int) -> int:
         return (len(self._key_of(block_id)) - 1) // self.bs
 

@@ -303,6 +303,7 @@ class RadixMachine(RuleBasedStateMachine):
             assert block_id in self.tree
             assert self.tree.is_leaf(block_id) == self.ref.is_leaf(block_id)
             assert self.tree.depth(block_id) == self.ref.depth(block_id)
+            assert self.tree.last_used(block_id) == self.ref.last_used(block_id)
             assert self.tree.path_tokens(block_id) == self.ref.path_tokens(block_id)
 
 
