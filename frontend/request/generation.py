@@ -25,6 +25,9 @@ class Generation:
     prompt_logprobs: int = -1  # alternatives per prompt token (-1: no prompt logprobs)
     fork_of: str = ""  # another choice of the same prompt, whose prefill this one copies
     deadline_ms: int | None = None
+    # The body field the prompt came from: the one a 400 about the prompt's length names
+    # (OpenAI's ``param``).
+    prompt_field: str = "prompt"
 
 
 def check_token_ids(token_ids: Iterable[int], n_vocab: int, field: str = "prompt") -> None:
