@@ -79,6 +79,7 @@ async def _serve(config: Config, app: web.Application) -> int:
             pings = asyncio.create_task(_ping_watchdog(notifier, every_s))
         await stop.wait()
         log.info("stopping")
+        app[LINK].on_serving = None  # no READY=1 after our STOPPING=1
         notifier.stopping()
         await drain_app(app, config.drain_timeout)
         return 0
