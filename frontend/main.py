@@ -1,7 +1,8 @@
 """``tinyserve frontend``: run one HTTP frontend process until SIGTERM/SIGINT.
 
 READY=1 goes to the notify socket (systemd or our launcher) only once the site listens AND the
-engine handshake is done, so whoever waits for it can send traffic at once.
+engine handshake is done, so whoever waits for it can send traffic at once; again after each
+new handshake (an engine restart), so that our launcher knows when the node serves again.
 """
 
 from __future__ import annotations
@@ -72,13 +73,13 @@ async def _serve(config: Config, app: web.Application) -> int:
         url = await _listen(runner, config)
         if not await _wait_for_engine(app, stop, config.ready_timeout):
             return 0 if stop.is_set() else 1
-        notifier.ready(f"serving on {url}")
-        log.info("ready", extra=fields(url=url))
+        _report_links(app, notifier, url)
         every_s = watchdog_interval_s() if notifier.enabled else None
         if every_s:  # from the event loop itself: a loop that hangs stops pinging
             pings = asyncio.create_task(_ping_watchdog(notifier, every_s))
         await stop.wait()
         log.info("stopping")
+        app[LINK].on_serving = None  # no READY=1 after our STOPPING=1
         notifier.stopping()
         await drain_app(app, config.drain_timeout)
         return 0
@@ -93,6 +94,18 @@ async def _serve(config: Config, app: web.Application) -> int:
             pings.cancel()
         await runner.cleanup()
         notifier.close()
+
+
+def _report_links(app: web.Application, notifier: Notifier, url: str) -> None:
+    """READY=1 now, and each time the link to an engine is up again. systemd takes a READY=1
+    after the first as a no-op; our launcher logs that the node is whole again."""
+
+    def serving() -> None:
+        notifier.ready(f"serving on {url}")
+        log.info("ready", extra=fields(url=url))
+
+    serving()
+    app[LINK].on_serving = serving
 
 
 async def _ping_watchdog(notifier: Notifier, every_s: float) -> None:

@@ -156,6 +156,7 @@ _ALL = frozenset({ENGINE, FRONTEND, SERVE})
 _ENG = frozenset({ENGINE, SERVE})
 _FE = frozenset({FRONTEND, SERVE})
 _SRV = frozenset({SERVE})
+_FE_ONLY = frozenset({FRONTEND})
 _pint = _positive(int)
 _nnint = _non_negative(int)
 _nnfloat = _non_negative(float)
@@ -245,6 +246,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("default_top_p", _nnfloat, None, "top_p a request leaves out (1: off)", _FE),
     Option("default_min_p", _nnfloat, None, "min_p a request leaves out (0: off)", _FE),
     Option("ready_timeout", _pint, 120, "seconds to wait for the engine handshake", _FE),
+    # Not a flag of serve's: it sets this to its --frontends, which share one port.
+    Option(
+        "ready_frontends",
+        _pint,
+        1,
+        "frontends of the node linked to the engine before /ready says 200",
+        _FE_ONLY,
+    ),
     Option("api_key", _api_key, (), "accepted bearer key (repeatable)", _FE, None, True, True),
     Option("api_key_file", str, None, "file of accepted keys, one per line (# comments)", _FE),
     Option("metrics_auth", _bool, True, "GET /metrics needs a key too (when keys are set)", _FE),
@@ -303,6 +312,7 @@ class Config:
     default_top_p: float | None
     default_min_p: float | None
     ready_timeout: int
+    ready_frontends: int
     frontends: int
     restart_limit: int
     restart_interval: float

@@ -3,7 +3,10 @@
 Before touching anything in the runtime dir, the launcher claims it and the port
 (``ownership.claim_node``): a second node over a live one refuses to start instead of
 unlinking its sockets or metrics. Each child reports readiness with the sd_notify protocol
-on a socket of its own, exactly as it would to systemd.
+on a socket of its own, exactly as it would to systemd; a frontend reports it again each
+time its link to an engine is up. The node is ready when every child is: the launcher then
+logs ``ready on URL`` (and sends its own READY=1 the first time), and again each time the
+node is whole after a death.
 
 A child that dies while the node runs is restarted after a back-off (``RestartPolicy``);
 one that dies too often, or during the node's first start, stops the node. A child that
@@ -17,6 +20,7 @@ every child SIGTERM (``procs.die_with_parent``), so they drain and exit too.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import select
@@ -49,8 +53,11 @@ class Launcher:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.stop_requested = False
+        self.whole = False  # every child ready, as last announced
         run = config.runtime_dir
         python = [sys.executable, "-m", "tinyserve.cli"]
+        # Our frontends share one port, so each says ready only once all of them serve.
+        frontend_config = dataclasses.replace(config, ready_frontends=config.frontends)
         self.engine = Child(
             "engine",
             [*python, ENGINE, *config.flags_for(ENGINE)],
@@ -61,7 +68,7 @@ class Launcher:
         self.frontends = [
             Child(
                 f"frontend {i}",
-                [*python, FRONTEND, *config.flags_for(FRONTEND)],
+                [*python, FRONTEND, *frontend_config.flags_for(FRONTEND)],
                 os.path.join(run, f"notify-frontend-{i}"),
                 self._policy(),
                 config.secret_env_for(FRONTEND),
@@ -77,6 +84,24 @@ class Launcher:
     def children(self) -> list[Child]:
         return [self.engine, *self.frontends]
 
+    @property
+    def url(self) -> str:
+        """Where the node serves (an IPv6 address in brackets)."""
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        return f"http://{host}:{self.config.port}"
+
+    def announce_when_whole(self) -> None:
+        """Log ``ready on URL`` when every child has become ready (again)."""
+        whole = all(child.ready for child in self.children)
+        if whole and not self.whole:
+            log.info(
+                "ready on %s (%d frontends, engine pid %d)",
+                self.url,
+                len(self.frontends),
+                self.engine.pid,
+            )
+        self.whole = whole
+
     def on_signal(self, _signum: int, _frame: FrameType | None) -> None:
         self.stop_requested = True
 
@@ -90,6 +115,7 @@ class Launcher:
         for child in self.frontends:
             child.start()
         self._wait_ready(self.frontends)
+        self.announce_when_whole()
 
     def _wait_ready(self, children: list[Child]) -> None:
         pending = list(children)
@@ -115,10 +141,14 @@ class Launcher:
         while not self.stop_requested:
             self._wait_for_notifications(self.children)
             now = time.monotonic()
+            # Every notification before any death: a READY=1 read now was sent before the
+            # deaths noticed now, so a frontend that lost its engine is not taken as ready.
             for child in self.children:
                 if child.take_ready():
                     log.info("%s ready (pid %d)", child.name, child.pid)
+            for child in self.children:
                 self._tend(child, now)
+            self.announce_when_whole()
 
     def _tend(self, child: Child, now: float) -> None:
         """Restart ``child`` when its back-off is over; notice its death."""
@@ -133,6 +163,10 @@ class Launcher:
         if ended is None:
             self._watch(child, now)
             return
+        child.ready = False
+        if child is self.engine:  # their links went with it: ready again once relinked
+            for frontend in self.frontends:
+                frontend.ready = False
         what = f"{child.name} (pid {child.pid}) {ended}"
         delay = child.policy.on_death(now)
         if delay is None:
@@ -208,21 +242,12 @@ def run(config: Config) -> int:
 
 
 def _serve(launcher: Launcher) -> int:
-    config = launcher.config
     signal.signal(signal.SIGINT, launcher.on_signal)
     signal.signal(signal.SIGTERM, launcher.on_signal)
     try:
         launcher.start()
         if not launcher.stop_requested:
-            Notifier(notify_socket()).ready(f"{config.frontends} frontends on port {config.port}")
-            log.info(
-                "TinyServe listening on http://%s:%d (%d frontends, engine pid %d); "
-                "Ctrl-C stops it",
-                config.host,
-                config.port,
-                config.frontends,
-                launcher.engine.pid,
-            )
+            Notifier(notify_socket()).ready(f"ready on {launcher.url}")
             launcher.supervise()
     except NodeFailed as exc:
         log.error("%s; stopping the node", exc)

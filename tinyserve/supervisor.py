@@ -69,6 +69,9 @@ class Child:
     restart_at: float | None = None  # while dead: when to start it again (monotonic)
     notify: socket.socket | None = None
     alive_at: float | None = None  # its last READY=1 or WATCHDOG=1 (monotonic); None before
+    # READY=1 since it started; the launcher clears it when it dies (a frontend's, too, when
+    # the engine dies: its link is gone until it reports READY=1 again).
+    ready: bool = False
     aborted_at: float | None = None  # when the launcher sent it SIGABRT as hung
 
     def open_notify(self) -> None:
@@ -82,6 +85,7 @@ class Child:
     def start(self) -> None:
         self.take_ready()  # a READY=1 left by the previous incarnation is not this one's
         self.alive_at = self.aborted_at = None
+        self.ready = False
         env = dict(os.environ, **self.secret_env, NOTIFY_SOCKET=self.notify_path)
         env.pop("WATCHDOG_PID", None)  # a systemd watchdog of the launcher's is not its own
         env.pop("WATCHDOG_USEC", None)
@@ -115,6 +119,7 @@ class Child:
             ready = ready or b"READY=1" in lines
             if b"READY=1" in lines or (self.alive_at is not None and b"WATCHDOG=1" in lines):
                 self.alive_at = time.monotonic()
+        self.ready = self.ready or ready
         return ready
 
     def hung(self, now: float) -> bool:

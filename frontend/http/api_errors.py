@@ -145,9 +145,10 @@ def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, INVALID_REQUEST, message, param=param)
 
 
-def too_long(message: str) -> ApiError:
-    """A 400 for a request that can never fit the engine, however long the client waits."""
-    return ApiError(400, CONTEXT_LENGTH_EXCEEDED, message)
+def too_long(message: str, param: str) -> ApiError:
+    """A 400 for a request that can never fit the engine, however long the client waits;
+    ``param`` names the field that holds its prompt."""
+    return ApiError(400, CONTEXT_LENGTH_EXCEEDED, message, param=param)
 
 
 def too_many(reason: str, message: str, retry_after: int) -> ApiError:

@@ -61,6 +61,13 @@ def engine_view(board: Board) -> EngineView:
     return EngineView(snap.pid, snap.started_ns, snap.heartbeat_ns, snap.state)
 
 
+def linked_frontends(board: Board) -> int:
+    """Frontends of the node whose link to ``board``'s engine is up: a frontend claims its slot
+    once the engine has acknowledged it and frees it when the link is lost; a frontend that
+    died without freeing it (until the engine reaps the slot) is not counted."""
+    return sum(1 for slot in board.frontend_slots() if pid_alive(slot.pid))
+
+
 def load_of(board: Board) -> Load:
     """The node's load for admission: engine figures plus every frontend's pending requests."""
     snap = board.snapshot()
@@ -80,6 +87,7 @@ __all__ = [
     "BoardError",
     "EngineView",
     "engine_view",
+    "linked_frontends",
     "load_of",
     "open_board",
 ]

@@ -3,12 +3,14 @@
 ``EngineLink.run`` (a task owned by the app's ``cleanup_ctx``) loops forever through:
 
 1. attach the board file (retrying until the engine has created it) and wait for a live engine;
-2. claim this frontend's board slot and hello/ack handshake on the engine sockets;
+2. hello/ack handshake on the engine sockets, then claim this frontend's board slot;
 3. serve: every ``TICK_S`` publish our slot (heartbeat, pending) and check the engine; stop
    when its heartbeat is over a second old, its pid is gone, or the board file was replaced;
-4. on loss, end every in-flight request with an error and go back to 1.
+4. on loss, end every in-flight request with an error, free the slot and go back to 1.
 
-So an engine restart is followed without restarting the frontend.
+So an engine restart is followed without restarting the frontend. A slot is held exactly
+while a link is up, which is how one frontend counts the others linked to the engine
+(``unready_reason``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 
 from tinyserve import protocol
 from tinyserve.config import Config
@@ -48,6 +51,7 @@ class EngineLink:
         self._slot: int | None = None
         self.ack: protocol.HelloAck | None = None  # set while serving, None otherwise
         self.serving = asyncio.Event()
+        self.on_serving: Callable[[], None] | None = None  # called each time a link is up
 
     # -- what handlers ask ---------------------------------------------------------------------
 
@@ -58,6 +62,29 @@ class EngineLink:
         if ack is None or not self.serving.is_set():
             return None
         return Limits(ack.max_queue, ack.n_ctx, ack.slots)
+
+    def unready_reason(self) -> str | None:
+        """Why ``/ready`` must not say 200 now, or None.
+
+        Ready means that a request reaching our port now is served: our link is up, its
+        engine is alive at this moment (not only at our last tick), and at least
+        ``--ready-frontends`` frontends of the node are linked to it, since every frontend
+        sharing our port (SO_REUSEPORT) takes requests too.
+        """
+        ack, board = self.ack, self._board
+        if ack is None or board is None:
+            return "engine handshake not done or engine down"
+        down = self._down_reason(ack.engine_started_ns)
+        if down is not None:
+            return down
+        try:
+            linked = board_view.linked_frontends(board)
+        except BoardError as exc:
+            return f"engine board unreadable: {exc}"
+        wanted = self._config.ready_frontends
+        if linked < wanted:
+            return f"{linked} of {wanted} frontends linked to the engine"
+        return None
 
     def load(self) -> Load | None:
         """The node's current load from the board, None while not serving or unreadable."""
@@ -137,16 +164,11 @@ class EngineLink:
             return None
 
     async def _handshake(self, view: EngineView) -> bool:
-        """Claim a slot and exchange hello/ack; False when the engine went down meanwhile."""
+        """Exchange hello/ack, then claim a slot; False when the engine went down meanwhile."""
         assert self._board is not None
-        # The board's id field is one byte short of a uuid4 hex; the slot's id is only a label
-        # (slots are owned and reaped by pid), so a prefix is enough.
-        label = self._client.frontend_id[: board_view.FRONTEND_ID_MAX]
-        self._slot = self._board.claim_slot(label, os.getpid(), time.monotonic_ns())
         handshake = asyncio.ensure_future(self._client.handshake())
         try:
             while not handshake.done():
-                self.publish()
                 if self._down_reason(view.started_ns) is not None:
                     return False
                 await asyncio.wait({handshake}, timeout=TICK_S)
@@ -156,6 +178,11 @@ class EngineLink:
         if ack.engine_started_ns != view.started_ns:
             log.warning("ack from another engine incarnation than the board's; retrying")
             return False
+        # Only now, with the ack in hand: another frontend that sees our slot counts us as
+        # serving. The board's id field is one byte short of a uuid4 hex; the slot's id is
+        # only a label (slots are owned and reaped by pid), so a prefix is enough.
+        label = self._client.frontend_id[: board_view.FRONTEND_ID_MAX]
+        self._slot = self._board.claim_slot(label, os.getpid(), time.monotonic_ns())
         self.ack = ack
         self.serving.set()
         log.info(
@@ -169,6 +196,8 @@ class EngineLink:
                 slot=self._slot,
             ),
         )
+        if self.on_serving is not None:
+            self.on_serving()
         return True
 
     async def _watch(self) -> str:

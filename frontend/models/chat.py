@@ -259,7 +259,9 @@ class ChatCompletionRequest(OpenAIRequest, ConversationFields):
         are rendered."""
         max_tokens = self.max_completion_tokens or self.max_tokens or config.default_max_tokens
         logprobs = (self.top_logprobs or 0) if self.logprobs else -1
-        return self.resolved(prompt="", max_tokens=max_tokens, logprobs=logprobs)
+        return self.resolved(
+            prompt="", prompt_field="messages", max_tokens=max_tokens, logprobs=logprobs
+        )
 
 
 @dataclass(frozen=True)

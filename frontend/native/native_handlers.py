@@ -25,11 +25,12 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """200 once the engine handshake is done and the engine is alive and not draining."""
+    """200 once a request reaching this port would be served (``EngineLink.unready_reason``)
+    and the engine is not draining."""
     link = request.app[LINK]
-    ack, load = link.ack, link.load()
-    if ack is None or load is None:
-        raise engine_unavailable("engine handshake not done or engine down")
+    unready, ack, load = link.unready_reason(), link.ack, link.load()
+    if unready is not None or ack is None or load is None:
+        raise engine_unavailable(unready or "engine board unreadable")
     if load.draining:
         raise rejection_error(admission.engine_rejection(admission.REASON_DRAINING, load))
     return json_response(Status(status="ready", model=ack.model_name))

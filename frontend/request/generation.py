@@ -26,6 +26,9 @@ class Generation:
     fork_of: str = ""  # another choice of the same prompt, whose prefill this one copies
     deadline_ms: int | None = None
     return_progress: bool = False  # a stream reports the prompt's prefill as it goes
+    # The body field the prompt came from: the one a 400 about the prompt's length names
+    # (OpenAI's ``param``).
+    prompt_field: str = "prompt"
 
 
 def check_token_ids(token_ids: Iterable[int], n_vocab: int, field: str = "prompt") -> None:

@@ -97,7 +97,7 @@ def _admit(request: web.Request, record: RequestRecord) -> None:
     record.admission = admission_figures(record, limits, load, rejection)
     if rejection is not None:
         count_rejection(request.app[METRICS], rejection.reason)
-        raise rejection_error(rejection)
+        raise rejection_error(rejection, record.generation.prompt_field)
 
 
 def _submit_message(
@@ -172,7 +172,7 @@ async def _reply(
     early = await stream.acknowledged()
     if early is not None:
         record.finish = early
-        error = finish_error(early, request.app[LINK].load())
+        error = finish_error(early, request.app[LINK].load(), record.generation.prompt_field)
         if error is not None:
             raise error
     record.replied = True

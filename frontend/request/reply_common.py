@@ -83,12 +83,13 @@ class EventSource(Protocol):
         ...
 
 
-def rejection_error(rejection: Rejection) -> ApiError:
-    """The HTTP error for an admission (or engine) rejection."""
+def rejection_error(rejection: Rejection, prompt_field: str = "prompt") -> ApiError:
+    """The HTTP error for an admission (or engine) rejection; a 400 names ``prompt_field``,
+    the request's field that is too long (``Generation.prompt_field``)."""
     if rejection.reason == admission.PROMPT_TOO_LONG:
-        return ApiError(400, admission.PROMPT_TOO_LONG, rejection.message)
+        return ApiError(400, admission.PROMPT_TOO_LONG, rejection.message, param=prompt_field)
     if rejection.status == 400:
-        return too_long(rejection.message)
+        return too_long(rejection.message, prompt_field)
     assert rejection.retry_after is not None
     return unavailable(rejection.reason, rejection.message, rejection.retry_after)
 
@@ -98,12 +99,14 @@ def engine_unavailable(detail: str = "engine unavailable") -> ApiError:
     return unavailable(REASON_ENGINE_UNAVAILABLE, detail, admission.ENGINE_DOWN_RETRY_S)
 
 
-def finish_error(finish: Finish, load: Load | None) -> ApiError | None:
-    """The HTTP error a finish maps to (rejected, error), or None for a normal ending."""
+def finish_error(
+    finish: Finish, load: Load | None, prompt_field: str = "prompt"
+) -> ApiError | None:
+    """The HTTP error a finish maps to (rejected, error), or None for a normal ending;
+    ``prompt_field`` as ``rejection_error`` takes it."""
     if finish.reason == protocol.FINISH_REJECTED:
-        return rejection_error(
-            admission.engine_rejection(finish.detail, load or admission.IDLE_LOAD)
-        )
+        rejection = admission.engine_rejection(finish.detail, load or admission.IDLE_LOAD)
+        return rejection_error(rejection, prompt_field)
     if finish.reason != protocol.FINISH_ERROR:
         return None
     if finish.engine_down:

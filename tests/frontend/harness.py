@@ -84,6 +84,8 @@ class FakeEngine:
         self.submits: list[protocol.Submit] = []
         self.cancels: list[protocol.Cancel] = []
         self.leases: list[protocol.FeedLease] = []
+        self.hellos: list[protocol.Hello] = []
+        self.acking = True  # answers every hello; False: a handshake that does not end yet
         self.beating = True
         self.n_ctx = N_CTX
         self.board = Board.create(config.board_path, frontend_slots)
@@ -140,7 +142,9 @@ class FakeEngine:
         while True:
             message = protocol.decode(await self._pull.recv())
             if isinstance(message, protocol.Hello):
-                await self._send(message.frontend_id, self._ack(message.frontend_id))
+                self.hellos.append(message)
+                if self.acking:
+                    await self._send(message.frontend_id, self._ack(message.frontend_id))
             elif isinstance(message, protocol.Submit):
                 self.submits.append(message)
                 self._tasks.append(asyncio.create_task(self._answer(message)))

@@ -86,12 +86,18 @@ class Node:
             *flags,
         ]
         self.process: subprocess.Popen[bytes] | None = None
+        self._notify: socket.socket | None = None
         self.children: list[int] = []
 
     def start(self) -> Node:
-        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        notify.bind(self._notify_path)
-        notify.settimeout(0.5)
+        """Launch the node and wait for its READY=1."""
+        return self.launch().wait_ready()
+
+    def launch(self) -> Node:
+        """Start ``tinyserve serve`` without waiting for anything (``wait_ready`` does)."""
+        self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._notify.bind(self._notify_path)
+        self._notify.settimeout(0.5)
         env = dict(os.environ, NOTIFY_SOCKET=self._notify_path)
         if self.code is not None:  # ``-m`` puts the working directory first on the path
             env["PYTHONPATH"] = str(self.code)
@@ -99,11 +105,17 @@ class Node:
             self.process = subprocess.Popen(
                 self.argv, env=env, stdout=log, stderr=log, cwd=self.code
             )
+        return self
+
+    def wait_ready(self) -> Node:
+        """Wait for the launcher's READY=1 (every process of the node is ready)."""
+        assert self.process is not None and self._notify is not None
         try:
-            self._wait_ready(notify)
+            self._wait_ready(self._notify)
         finally:
-            notify.close()
+            self._notify.close()
             os.unlink(self._notify_path)
+            self._notify = None
         self.children = children_of(self.process.pid)
         return self
 

@@ -92,10 +92,14 @@ async def test_prompt_over_max_prompt_tokens_is_a_400_naming_it(
     assert error["type"] == "prompt_too_long"
     assert "at most 5" in error["message"] and "max_prompt_tokens" in error["message"]
     response = await served.post("/v1/completions", json=completion(prompt=LONG_PROMPT))
-    assert (await openai_error(response, 400))["code"] == "prompt_too_long"
+    error = await openai_error(response, 400)
+    assert (error["code"], error["param"]) == ("prompt_too_long", "prompt")
     token_ids = completion(prompt=list(range(6)))
     response = await served.post("/v1/completions", json=token_ids)
     assert (await openai_error(response, 400))["code"] == "prompt_too_long"
+    chat = {"model": "fake", "messages": [{"role": "user", "content": LONG_PROMPT}]}
+    error = await openai_error(await served.post("/v1/chat/completions", json=chat), 400)
+    assert (error["code"], error["param"]) == ("prompt_too_long", "messages")
     assert engine.submits == []
     assert (await served.post("/generate", json={"prompt": "Hi"})).status == 200
 

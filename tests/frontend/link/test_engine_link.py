@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
 from tests.frontend.harness import FakeEngine, accepted, until, wait_serving
-from tinyserve.config import Config
+from tinyserve.config import Config, build_config
 from tinyserve.frontend.http.app import build_app
 from tinyserve.frontend.http.appkeys import CLIENT, LINK
 from tinyserve_native.board import Board
@@ -115,3 +117,55 @@ async def test_slot_released_on_shutdown(config: Config, engine: FakeEngine) -> 
 
 def _slots(board: Board) -> list[Any]:
     return list(board.frontend_slots())
+
+
+async def test_a_slot_is_claimed_only_once_the_engine_acknowledged(
+    engine: FakeEngine, client: Client
+) -> None:
+    engine.acking = False
+    await until(lambda: len(engine.hellos) >= 2)  # the frontend is in its handshake
+    assert _slots(engine.board) == []  # so no other frontend counts it as linked
+    assert (await client.get("/ready")).status == 503
+    engine.acking = True
+    await wait_serving(client)
+    [slot] = _slots(engine.board)
+    assert slot.pid == os.getpid()
+
+
+async def test_ready_waits_until_the_node_has_its_frontends_linked(tmp_path: Path) -> None:
+    config = build_config({"runtime_dir": str(tmp_path), "ready_frontends": 3}, environ={})
+    engine = FakeEngine(config).start()
+    try:
+        async with TestClient(TestServer(build_app(config))) as client:
+            await wait_serving(client)
+            assert await _ready(client) == (503, "1 of 3 frontends linked to the engine")
+            # Another frontend of this process, and one that died without freeing its slot.
+            other = engine.board.claim_slot("other", os.getpid(), time.monotonic_ns())
+            engine.board.claim_slot("dead", _dead_pid(), time.monotonic_ns())
+            assert await _ready(client) == (503, "2 of 3 frontends linked to the engine")
+            engine.board.claim_slot("third", os.getpid(), time.monotonic_ns())
+            assert await _ready(client) == (200, "")
+            engine.board.release_slot(other, os.getpid())  # its link was lost
+            assert await _ready(client) == (503, "2 of 3 frontends linked to the engine")
+    finally:
+        await engine.stop()
+
+
+async def test_ready_is_not_200_for_an_engine_gone_since_the_last_tick(
+    served: Client, engine: FakeEngine
+) -> None:
+    engine.board.set_identity(_dead_pid(), engine.started_ns)
+    # /ready looks at the engine itself: the link would only notice at its next tick.
+    assert (await _ready(served))[0] == 503
+
+
+async def _ready(client: Client) -> tuple[int, str]:
+    response = await client.get("/ready")
+    body = await response.json()
+    return response.status, body["error"]["message"] if response.status != 200 else ""
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid

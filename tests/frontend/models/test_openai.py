@@ -100,7 +100,8 @@ def test_features_we_lack_are_400s_naming_the_field(parse: Any, name: str, value
 def test_null_is_the_default_for_every_known_field() -> None:
     fields = ChatCompletionRequest.model_fields
     req = chat(**{name: None for name, field in fields.items() if not field.is_required()})
-    assert req.generation(CONFIG) == Generation("", 32, SamplingParams(temperature=1.0))
+    expected = Generation("", 32, SamplingParams(temperature=1.0), prompt_field="messages")
+    assert req.generation(CONFIG) == expected
 
 
 def test_a_null_schema_in_response_format_is_any_json() -> None:

@@ -269,3 +269,26 @@ async def test_a_bug_mid_stream_still_ends_the_stream(served: Client, engine: Fa
     events = await chunks(await served.post("/v1/completions", json={**COMPLETION, "stream": True}))
     # The malformed frame is dropped at decoding; the gap it leaves ends the stream.
     assert events[-2]["error"]["code"] == "engine_error"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [("/v1/completions", COMPLETION, "prompt"), ("/v1/chat/completions", CHAT, "messages")],
+)
+async def test_context_length_exceeded_names_the_prompts_field(
+    served: Client, engine: FakeEngine, path: str, body: dict[str, Any], param: str
+) -> None:
+    # Refused by the frontend's admission (the context is 512 tokens), then by the engine.
+    too_long = {**body, "max_tokens": 256}
+    if path == "/v1/completions":
+        too_long["prompt"] = "word " * 300
+    else:
+        too_long["messages"] = [{"role": "user", "content": "word " * 300}]
+    error = await openai_error(await served.post(path, json=too_long), 400)
+    assert (error["code"], error["param"]) == ("context_length_exceeded", param)
+    assert engine.submits == []
+    engine.script = lambda submit: [
+        [{"finish_reason": protocol.FINISH_REJECTED, "detail": protocol.REJECT_TOO_LONG}]
+    ]
+    error = await openai_error(await served.post(path, json=body), 400)
+    assert (error["code"], error["param"]) == ("context_length_exceeded", param)
