@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from tinyserve.engine.host_cache import CacheStats
-from tinyserve.engine.report import Batch, Ended, Grant, Load, Rejection, TickReport
+from tinyserve.engine.report import Batch, Ended, Grant, Load, Rejected, TickReport
 from tinyserve.protocol import RequestUpdate, Submit
 
 
@@ -27,7 +27,7 @@ class TickDrafts:
         self._next_seq: dict[str, int] = {}
         self._grants: list[Grant] = []
         self._ended: list[Ended] = []
-        self._rejections: list[Rejection] = []
+        self._rejections: list[Rejected] = []
 
     def _add(self, request: Submit, update: RequestUpdate) -> None:
         held = self._updates.get(request.request_id)
@@ -82,8 +82,8 @@ class TickDrafts:
     def ended(self, ended: Ended) -> None:
         self._ended.append(ended)
 
-    def rejected(self, rejection: Rejection) -> None:
-        self._rejections.append(rejection)
+    def rejected(self, rejected: Rejected) -> None:
+        self._rejections.append(rejected)
 
     def __bool__(self) -> bool:
         return bool(self._updates)

@@ -84,7 +84,7 @@ class KvSpace:
 
     def grant(self, seq: Sequence, free: list[int]) -> Reuse:
         """Choose ``seq``'s slot among ``free`` and put in its cells what it reuses."""
-        # NOTE: a follower takes its leader's cells and a request that wants prompt logprobs
+        # a follower takes its leader's cells and a request that wants prompt logprobs
         # prefills every position (cached positions have no logits): neither reuses.
         offered = self.kept.offered(free)
         if not self.reuse:

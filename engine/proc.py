@@ -100,8 +100,7 @@ class EngineProcess:
         self._stop_at_ns = 0
         self._next_reap_ns = 0
         self._next_watchdog_ns = 0
-        # NOTE: read once: systemd sets it for the life of the process (and it was read on
-        # every pass of the loop without a watchdog).
+        # Read once: systemd sets it for the life of the process.
         self._watchdog_s = watchdog_interval_s() if self.notifier.enabled else None
         self._dropped = RateLimitedLog(log)
 
@@ -179,7 +178,7 @@ class EngineProcess:
         if self.spans is not None:
             for timeline in report.ended():
                 self.spans.record(timeline)
-        if self.feed.until_ns:  # NOTE: 0 while no frontend has viewers: the feed costs this
+        if self.feed.until_ns:  # 0 while no frontend has viewers: the feed costs this
             self._feed(report)
 
     def _feed(self, report: TickReport) -> None:
@@ -292,7 +291,7 @@ class EngineProcess:
         for slot in self.board.frontend_slots():
             if not pid_alive(slot.pid):
                 self.board.release_slot(slot.index, slot.pid)
-        # NOTE: by the metrics files, not only the frontends we know: one that died before
+        # by the metrics files, not only the frontends we know: one that died before
         # greeting this engine (killed while it restarted) has gauges but no Hello here.
         metrics.forget_dead(self.meter.metrics.directory)
         for frontend_id, pid in list(self.frontends.items()):

@@ -56,7 +56,7 @@ class Ended:
 
 
 @dataclass(frozen=True, slots=True)
-class Rejection:
+class Rejected:
     """A request turned away at acceptance (``reason`` is a REJECT_*)."""
 
     reason: str
@@ -99,7 +99,7 @@ class TickReport:
     updates: dict[str, list[RequestUpdate]] = field(default_factory=dict)
     grants: list[Grant] = field(default_factory=list)
     finishes: list[Ended] = field(default_factory=list)
-    rejections: list[Rejection] = field(default_factory=list)
+    rejections: list[Rejected] = field(default_factory=list)
     batch: Batch | None = None
     cache: CacheStats | None = None
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence as Tokens
 def common_start(a: Tokens[int], b: Tokens[int]) -> int:
     """How many tokens ``a`` and ``b`` share from their first."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # NOTE: one C-level comparison for the common case of a whole match
+    if a[:n] == b[:n]:  # one C-level comparison for the common case of a whole match
         return n
     i = 0
     while a[i] == b[i]:

@@ -93,7 +93,7 @@ def _route_llama_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
         log.log(_LLAMA_LOG_LEVELS.get(level, logging.DEBUG), "%s", message)
 
 
-# NOTE: the callback object must outlive every llama.cpp call, so it lives at module level.
+# the callback object must outlive every llama.cpp call, so it lives at module level.
 _LOG_CALLBACK = llama_cpp.llama_log_callback(_route_llama_log)
 
 
@@ -236,7 +236,7 @@ class LlamaRuntime:
         params.n_batch = spec.n_batch
         params.n_ubatch = spec.n_batch
         params.n_seq_max = kv.slots
-        # NOTE: a stream of cells per sequence: each running sequence attends over its own
+        # a stream of cells per sequence: each running sequence attends over its own
         # cells only (one shared pool makes every row of a step attend over all of them).
         params.kv_unified = False
         params.n_threads = spec.n_threads
@@ -269,7 +269,7 @@ class LlamaRuntime:
     def piece(self, token: int) -> bytes:
         """The raw bytes of one token (may be part of a UTF-8 character), however long."""
         if not 0 <= token < self.n_vocab:
-            # NOTE: llama.cpp would throw a C++ exception for it, which ends the process.
+            # llama.cpp would throw a C++ exception for it, which ends the process.
             raise RequestError(f"token {token} is outside the vocabulary")
         n = self._token_to_piece(token)
         if n < 0:  # the buffer is too small: llama.cpp returns minus the size it needs

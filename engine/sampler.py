@@ -145,12 +145,12 @@ class Sampler:
     def sample(self, ctx: llama_cpp.llama_context_p, row: int) -> int:
         """Pick the next token from the logits of batch row ``row`` (also records it)."""
         if self._sampled < self._eog_banned:
-            # NOTE: the logits buffer is ours until the next decode. Banned here, before the
+            # the logits buffer is ours until the next decode. Banned here, before the
             # grammar sees them, a grammar that can only end is a dead end (an error).
             logits = self._logits(ctx, row)
             logits[self._vocab.eog_tokens] = -math.inf
         if self._argmax:
-            # NOTE: what llama_sampler_sample would return; greedy's accept records nothing.
+            # what llama_sampler_sample would return; greedy's accept records nothing.
             token = int(self._logits(ctx, row).argmax())
         elif self._grammar is None:
             token = int(llama_cpp.llama_sampler_sample(self._chain, ctx, row))

@@ -24,7 +24,7 @@ from tinyserve.engine.drafts import TickDrafts
 from tinyserve.engine.drain import DrainRate
 from tinyserve.engine.kv_space import KvSpace
 from tinyserve.engine.policies import Policy, make_policy
-from tinyserve.engine.report import Cause, Ended, Grant, Rejection
+from tinyserve.engine.report import Cause, Ended, Grant, Rejected
 from tinyserve.engine.runner import Computed, Outcome, Row, Runner, Sampled
 from tinyserve.engine.sequence import Sequence, Status
 from tinyserve.engine.timeline import RecentTimelines, Timeline
@@ -82,7 +82,7 @@ class Scheduler:
         reason = self._rejection(request)
         if reason:
             timeline = self.end_unaccepted(request, FINISH_REJECTED, reason)
-            self.drafts.rejected(Rejection(reason, timeline))
+            self.drafts.rejected(Rejected(reason, timeline))
             return
         seq = Sequence(request, policy_name=self.policy.name)
         self.by_id[request.request_id] = seq  # from here a failure ends it like any request
@@ -143,7 +143,7 @@ class Scheduler:
             seq = self.policy.pop_next()
             if seq is None:
                 return
-            # NOTE: out of the queue from here (the policy counts it as running): a failure
+            # out of the queue from here (the policy counts it as running): a failure
             # before it holds its slot ends a request without one.
             seq.status = Status.PREFILL
             with self.serving(seq, "granting it a slot"):
@@ -151,7 +151,7 @@ class Scheduler:
 
     def _grant(self, seq: Sequence, free: list[int], now: int) -> None:
         reuse = self.kv.grant(seq, free)
-        # NOTE: slot state first, so that a failure below frees exactly this slot.
+        # slot state first, so that a failure below frees exactly this slot.
         seq.slot, seq.n_past = reuse.slot, reuse.tokens
         self.slots[reuse.slot] = seq
         self.running.append(seq)

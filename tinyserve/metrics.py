@@ -204,7 +204,7 @@ class Metrics:
         mark_process_dead(pid, self.directory)  # type: ignore[no-untyped-call]
 
 
-# NOTE: one per process. prometheus-client keeps one file per process and metric type and
+# one per process. prometheus-client keeps one file per process and metric type and
 # caches its open files; a second set of metric objects would overwrite the first one's values.
 _process_metrics: Metrics | None = None
 
@@ -229,7 +229,7 @@ def _prepare(runtime_dir: str) -> str:
     directory = os.path.join(runtime_dir, METRICS_SUBDIR)
     prepare_runtime_dir(runtime_dir)
     prepare_runtime_dir(directory)
-    # NOTE: the one environment write of the project: prometheus-client reads this variable to
+    # the one environment write of the project: prometheus-client reads this variable to
     # choose per-process files, and picks its value class when it is first imported, which in
     # our processes happens before the runtime dir is known; so choose it again now.
     os.environ[MULTIPROC_ENV] = directory

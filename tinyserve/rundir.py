@@ -70,7 +70,7 @@ class NodeLock:
             except BlockingIOError:
                 os.close(fd)
                 return None
-            # NOTE: a launcher removes the file while it still holds the lock (at exit); one
+            # a launcher removes the file while it still holds the lock (at exit); one
             # that we opened just before that is no longer the lock file: open the new one.
             if _same_file(fd, path):
                 break

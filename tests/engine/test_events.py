@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tinyserve.engine import events
 from tinyserve.engine.events import EventFeed
-from tinyserve.engine.report import Batch, Cause, Ended, Grant, Load, Rejection, TickReport
+from tinyserve.engine.report import Batch, Cause, Ended, Grant, Load, Rejected, TickReport
 from tinyserve.engine.sequence import Sequence, Status
 from tinyserve.engine.timeline import Timeline
 from tinyserve.protocol import (
@@ -113,7 +113,7 @@ def test_finish_and_rejection_events_carry_their_figures() -> None:
     feed.lease("f" * 32, 5.0, now=0)
     report = tick(finishes=1)
     rejected = Timeline(submit("x", tenant="t9"), "fifo")
-    report.rejections.append(Rejection(REJECT_QUEUE_FULL, rejected))
+    report.rejections.append(Rejected(REJECT_QUEUE_FULL, rejected))
     feed.observe(report, 1)
     finish, reject = feed.take(2, [], [], LOAD).events
     assert finish["request_id"] == "f0" and finish["reason"] == "length"

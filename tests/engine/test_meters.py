@@ -54,7 +54,7 @@ busy = TickReport(
         Ended(p.FINISH_QUEUE_TIMEOUT, Cause.QUEUE_TIMEOUT, 30, 0, timeline("r4")),
         Ended(p.FINISH_CANCELLED, Cause.CLIENT, 30, 0, timeline("r5")),
     ],
-    rejections=[Rejection(p.REJECT_QUEUE_FULL, timeline("r6"))],
+    rejections=[Rejected(p.REJECT_QUEUE_FULL, timeline("r6"))],
     batch=Batch(requests=3, tokens=40, prefill_tokens=38, decode_tokens=2, decode_s=0.05),
     cache=CacheStats(2, 64, Counter(slot=16, host=32), Counter(short=1), stored_blocks=3,
                      restored_tokens=32, restore_ns=400_000, store_ns=100_000),
