@@ -26,7 +26,8 @@ PROMPT = "1, 2, 3, 4, 5,"
 
 
 def start(tmp_path_factory: pytest.TempPathFactory, name: str, *flags: str) -> Node:
-    return Node(tmp_path_factory.mktemp(name), "--slots", "1", *flags, frontends=1).start()
+    flags = ("--slots", "1", "--ctx-per-slot", "4096", *flags)  # 3000-token requests fit
+    return Node(tmp_path_factory.mktemp(name), *flags, frontends=1).start()
 
 
 @pytest.fixture(scope="module")

@@ -116,7 +116,7 @@ async def test_disconnect_mid_decode_frees_the_slot_within_a_tick(node: Node, bo
             # ignore_eos: the request must still be running when the client leaves
             json={
                 "prompt": "1, 2, 3, 4, 5,",
-                "max_tokens": 400,
+                "max_tokens": 200,
                 "stream": True,
                 "ignore_eos": True,
             },
