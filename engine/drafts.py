@@ -8,7 +8,6 @@ the frontend's stream.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from tinyserve.engine.host_cache import CacheStats
@@ -34,27 +33,36 @@ class TickDrafts:
         merged = held[1].merge(update) if held else update
         self._updates[request.request_id] = (request.frontend_id, merged)
 
+    def _seq(self, request: Submit) -> int:
+        """The number this tick's update of ``request`` goes out with."""
+        return self._next_seq.get(request.request_id, 0)
+
     def accepted(self, request: Submit) -> None:
-        self._add(request, RequestUpdate(request.request_id, 0, accepted=True))
+        self._add(request, RequestUpdate(request.request_id, self._seq(request), accepted=True))
 
     def token(
         self, request: Submit, token_id: int, text: bytes, logprobs: list[Any] | None = None
     ) -> None:
         entries = [logprobs] if logprobs is not None else []
-        self._add(request, RequestUpdate(request.request_id, 0, [token_id], text, logprobs=entries))
+        seq = self._seq(request)
+        self._add(
+            request, RequestUpdate(request.request_id, seq, [token_id], text, logprobs=entries)
+        )
 
     def progress(self, request: Submit, done: int, cached: int) -> None:
         """A prefill chunk ran: ``done`` prompt tokens are in its slot, ``cached`` of them
         reused (what the frontend's progress events report)."""
-        update = RequestUpdate(request.request_id, 0, cached_tokens=cached, prompt_done=done)
+        seq = self._seq(request)
+        update = RequestUpdate(request.request_id, seq, cached_tokens=cached, prompt_done=done)
         self._add(request, update)
 
     def prompt_logprobs(self, request: Submit, entries: list[list[Any]]) -> None:
-        self._add(request, RequestUpdate(request.request_id, 0, prompt_logprobs=entries))
+        seq = self._seq(request)
+        self._add(request, RequestUpdate(request.request_id, seq, prompt_logprobs=entries))
 
     def text(self, request: Submit, text: bytes) -> None:
         if text:
-            self._add(request, RequestUpdate(request.request_id, 0, text=text))
+            self._add(request, RequestUpdate(request.request_id, self._seq(request), text=text))
 
     def finish(
         self,
@@ -67,7 +75,7 @@ class TickDrafts:
         """The request's final update (what its frontend reads)."""
         end = RequestUpdate(
             request.request_id,
-            0,
+            self._seq(request),
             finish_reason=reason,
             detail=detail,
             prompt_tokens=len(request.prompt_ids),
@@ -92,10 +100,11 @@ class TickDrafts:
         """This tick's report: the updates per frontend, numbered, and the rest as collected."""
         updates: dict[str, list[RequestUpdate]] = {}
         for request_id, (frontend_id, update) in self._updates.items():
-            seq = self._next_seq.pop(request_id, 0)
-            if not update.ended:
-                self._next_seq[request_id] = seq + 1
-            updates.setdefault(frontend_id, []).append(replace(update, seq=seq))
+            if update.ended:
+                self._next_seq.pop(request_id, None)
+            else:
+                self._next_seq[request_id] = update.seq + 1
+            updates.setdefault(frontend_id, []).append(update)
         report = TickReport(
             load, updates, self._grants, self._ended, self._rejections, batch, cache
         )

@@ -9,6 +9,7 @@ exception, so the scheduler ends that request alone.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,8 @@ from tinyserve.engine.report import Batch
 from tinyserve.engine.runtime import LlamaRuntime
 from tinyserve.engine.sampler import Sampler
 from tinyserve.engine.sequence import Sequence, Status
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,13 +93,16 @@ class Runner:
         decoding = sum(1 for c in written if c.row.seq.status is Status.DECODE)
         batch = Batch(len(written), tokens, tokens - decoding, decoding, elapsed)
         if status == 0:
-            for item in written:
-                self._compute(item)
+            self._compute(written)
         return Outcome(status, computed, batch)
 
     def sample(self, seq: Sequence, logits_row: int) -> Sampled:
         """``seq``'s next token from the logits of ``logits_row`` of the last decode."""
-        token = self.samplers[seq.slot].sample(self.runtime.ctx, logits_row)
+        return self._sampled(
+            seq, logits_row, self.samplers[seq.slot].sample(self.runtime.ctx, logits_row)
+        )
+
+    def _sampled(self, seq: Sequence, logits_row: int, token: int) -> Sampled:
         top_n = seq.request.sampling.logprobs
         logprobs = self.runtime.logprobs(logits_row, token, top_n) if top_n >= 0 else None
         end = self.runtime.is_eog(token)
@@ -117,14 +123,35 @@ class Runner:
             return Computed(row, error=exc)
         return Computed(row, last)
 
-    def _compute(self, item: Computed) -> None:
-        seq = item.row.seq
+    def _compute(self, written: list[Computed]) -> None:
+        """Each row's prompt logprobs and token; the plain greedy ones' tokens in one pass."""
+        tokens = self._greedy_tokens(written)
+        for item in written:
+            seq = item.row.seq
+            try:
+                if seq.status is Status.PREFILL and prompt_logprobs.wanted(seq):
+                    item.prompt_logprobs = prompt_logprobs.chunk_entries(
+                        self.runtime, seq, item.logits_row, item.row.n_tokens
+                    )
+                token = tokens.get(id(item))
+                if token is not None:
+                    self.samplers[seq.slot].took(token)
+                    item.sampled = self._sampled(seq, item.logits_row, token)
+                elif item.row.sample:
+                    item.sampled = self.sample(seq, item.logits_row)
+            except Exception as exc:  # the row's failure is its request's alone
+                item.error = exc
+
+    def _greedy_tokens(self, written: list[Computed]) -> dict[int, int]:
+        """The tokens of the rows whose sampler is plain greedy, by ``id`` of their item: one
+        argmax over the outputs (~15 us a row, against ~130 us for a sampler chain). Should it
+        fail, each row samples on its own, where its failure is its own."""
+        greedy = [c for c in written if c.row.sample and self.samplers[c.row.seq.slot].greedy]
+        if not greedy:
+            return {}
         try:
-            if seq.status is Status.PREFILL and prompt_logprobs.wanted(seq):
-                item.prompt_logprobs = prompt_logprobs.chunk_entries(
-                    self.runtime, seq, item.logits_row, item.row.n_tokens
-                )
-            if item.row.sample:
-                item.sampled = self.sample(seq, item.logits_row)
-        except Exception as exc:  # the row's failure is its request's alone
-            item.error = exc
+            picked = self.runtime.argmax([c.logits_row for c in greedy])
+        except Exception:
+            log.exception("greedy rows picked one by one")
+            return {}
+        return {id(item): token for item, token in zip(greedy, picked, strict=True)}

@@ -168,7 +168,11 @@ class LlamaRuntime:
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.n_layer = int(llama_cpp.llama_model_n_layer(self._model))
-        self.eog_tokens = [t for t in range(self.n_vocab) if self.is_eog(t)]
+        self.eog_tokens = [
+            t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)
+        ]
+        self._eog = frozenset(self.eog_tokens)
+        self._pieces: dict[int, bytes] = {}  # each token's text, rendered once
         self.kv = self._kv_memory(spec)
         self.ctx = self._new_context(spec, self.kv)
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self.ctx))  # cells one sequence may use
@@ -264,10 +268,16 @@ class LlamaRuntime:
         return Sampler(params, Vocab(self._vocab, self.n_vocab, self.eog_tokens))
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        return token in self._eog
 
     def piece(self, token: int) -> bytes:
         """The raw bytes of one token (may be part of a UTF-8 character), however long."""
+        text = self._pieces.get(token)
+        if text is None:
+            text = self._pieces[token] = self._render(token)
+        return text
+
+    def _render(self, token: int) -> bytes:
         if not 0 <= token < self.n_vocab:
             # llama.cpp would throw a C++ exception for it, which ends the process.
             raise RequestError(f"token {token} is outside the vocabulary")
@@ -288,6 +298,20 @@ class LlamaRuntime:
         decode call."""
         ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def argmax(self, rows: list[int]) -> list[int]:
+        """The highest logit's token of each of ``rows`` (batch rows with logits), in one
+        numpy pass over llama.cpp's output buffer (the first highest, as its greedy stage)."""
+        base = llama_cpp.llama_get_logits(self.ctx)
+        start = _address(base) or 0
+        row_bytes = self.n_vocab * ctypes.sizeof(ctypes.c_float)
+        outputs = [
+            ((_address(llama_cpp.llama_get_logits_ith(self.ctx, row)) or 0) - start) // row_bytes
+            for row in rows
+        ]
+        logits = np.ctypeslib.as_array(base, shape=(max(outputs) + 1, self.n_vocab))
+        best = logits.argmax(axis=1)
+        return [int(best[output]) for output in outputs]
 
     def logits_rows(self, first: int, n: int) -> npt.NDArray[np.float32]:
         """The logits of batch rows ``first .. first + n - 1``, all of which asked for logits,

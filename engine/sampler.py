@@ -142,6 +142,16 @@ class Sampler:
             raise RequestError("llama.cpp could not create a sampler stage")
         llama_cpp.llama_sampler_chain_add(self._chain, sampler)
 
+    @property
+    def greedy(self) -> bool:
+        """Whether the next token is the argmax of the raw logits (plain greedy, no ban left):
+        the runner then picks it for many rows in one pass and hands it to ``took``."""
+        return self._argmax and self._sampled >= self._eog_banned
+
+    def took(self, token: int) -> None:
+        """``token`` was picked for this sequence outside ``sample`` (greedy)."""
+        self._sampled += 1
+
     def sample(self, ctx: llama_cpp.llama_context_p, row: int) -> int:
         """Pick the next token from the logits of batch row ``row`` (also records it)."""
         if self._sampled < self._eog_banned:

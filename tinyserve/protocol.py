@@ -69,11 +69,11 @@ class Message:
     NESTED: ClassVar[dict[str, Any]] = {}
 
     def to_wire(self) -> list[Any]:
-        return [_encode_field(getattr(self, f.name)) for f in dataclasses.fields(self)]
+        return [_encode_field(getattr(self, name)) for name in _names(type(self))]
 
     @classmethod
     def from_wire(cls: type[M], items: list[Any]) -> M:
-        names = [f.name for f in dataclasses.fields(cls)]
+        names = _names(cls)
         # Fewer items than fields is fine when the missing ones have defaults: a field added
         # at the end with a default keeps frames of a sender without it decodable.
         if not isinstance(items, list) or len(items) > len(names):
@@ -110,6 +110,16 @@ def _check_types(cls: type[Message], values: dict[str, Any]) -> None:
 
 
 _CHECKS: dict[type[Message], dict[str, Callable[[Any], bool]]] = {}
+_NAMES: dict[type[Message], tuple[str, ...]] = {}
+
+
+def _names(cls: type[Message]) -> tuple[str, ...]:
+    """A message's field names in wire order, looked up once per class (every update of
+    every tick goes through here, both ways)."""
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 def _field_checks(cls: type[Message]) -> dict[str, Callable[[Any], bool]]:

@@ -95,6 +95,7 @@ def read_state(data: bytes, n_stream: int) -> dict[int, int]:
 
 class FakeSampler:
     grammar = None  # what a timeline shows of a grammar: these requests have none
+    greedy = False  # the fake model picks by its hash, through ``sample``
 
     def __init__(self, runtime: FakeRuntime, params: p.SamplingParams) -> None:
         self.runtime = runtime
