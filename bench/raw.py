@@ -17,7 +17,7 @@ def raw_single(
     """For each prompt length: prefill seconds, then the mean seconds of one decode step."""
     import llama_cpp
 
-    from tinyserve.engine.runtime import model_params, repack_weights
+    from tinyserve.engine.weights import model_params, repack_weights
     from tinyserve.model import resolve_model_path
 
     quiet = llama_cpp.llama_log_callback(lambda *_: None)  # kept alive for the whole run

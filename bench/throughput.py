@@ -50,7 +50,7 @@ def raw_ceiling(
     ones (as a parked prefix holds them in a unified cache); not timed."""
     import llama_cpp
 
-    from tinyserve.engine.runtime import model_params, repack_weights
+    from tinyserve.engine.weights import model_params, repack_weights
     from tinyserve.model import resolve_model_path
 
     quiet = llama_cpp.llama_log_callback(lambda *_: None)  # kept alive for the whole run

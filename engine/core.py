@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tinyserve.config import Config
+from tinyserve.engine.embedder import Embeddings, EmbedSpec
 from tinyserve.engine.host_cache import CacheStats
 from tinyserve.engine.kv_space import KvSpace
 from tinyserve.engine.report import Cause, Load, TickReport
@@ -26,7 +27,7 @@ from tinyserve.engine.runner import Runner
 from tinyserve.engine.runtime import LlamaRuntime
 from tinyserve.engine.scheduler import Scheduler
 from tinyserve.engine.sequence import Sequence
-from tinyserve.protocol import FINISH_CANCELLED, FINISH_ERROR, RequestUpdate, Submit
+from tinyserve.protocol import FINISH_CANCELLED, FINISH_ERROR, Embed, Submit
 
 
 class EngineCore:
@@ -41,6 +42,8 @@ class EngineCore:
         self.kv = KvSpace(config, runtime)
         self.runner = Runner(runtime)
         self.scheduler = Scheduler(config, self.kv, self.runner, runtime.n_ctx_seq, clock)
+        spec = EmbedSpec.from_config(config)
+        self.embeddings = Embeddings(spec, runtime.model, runtime.n_vocab, config.max_queue)
 
     @property
     def n_ctx(self) -> int:
@@ -57,6 +60,12 @@ class EngineCore:
         """Accept ``request`` into the queue, or reject it at once."""
         self.scheduler.submit(request, self.clock())
 
+    def embed(self, request: Embed) -> None:
+        """Queue an embedding request, or end it at once (refused, or unfit to run)."""
+        ended = self.embeddings.submit(request, self.draining)
+        if ended is not None:
+            self.scheduler.drafts.embedded([ended])
+
     def refuse(self, request: Submit, fault: str) -> None:
         """A request the engine will not run as sent (``proc.submit_fault``): it ends at once
         with an error naming the fault, so whoever waits for it is answered."""
@@ -72,7 +81,10 @@ class EngineCore:
         """End a waiting or running request now; unknown ids (already finished) are ignored."""
         seq = self.scheduler.by_id.get(request_id)
         if seq is None:
-            return False
+            ended = self.embeddings.cancel(request_id, reason)
+            if ended is not None:
+                self.scheduler.drafts.embedded([ended])
+            return ended is not None
         self.scheduler.cancel(seq, reason, detail, cause)
         return True
 
@@ -81,7 +93,9 @@ class EngineCore:
         gone = [s for s in self.scheduler.by_id.values() if s.request.frontend_id == frontend_id]
         for seq in gone:
             self.scheduler.cancel(seq, FINISH_CANCELLED, "frontend gone", Cause.FRONTEND_GONE)
-        return len(gone)
+        embeds = self.embeddings.cancel_frontend(frontend_id, FINISH_CANCELLED)
+        self.scheduler.drafts.embedded(embeds)
+        return len(gone) + len(embeds)
 
     def drain(self) -> None:
         """Refuse new requests from now on (``draining``); running ones go on."""
@@ -91,6 +105,7 @@ class EngineCore:
         """The drain ran out of time: every request still here ends with an error."""
         for request_id in list(self.scheduler.by_id):
             self.cancel(request_id, FINISH_ERROR, detail, Cause.ENGINE)
+        self.scheduler.drafts.embedded(self.embeddings.end_all(FINISH_ERROR, detail))
 
     # -- one tick -----------------------------------------------------------------------------
 
@@ -99,11 +114,14 @@ class EngineCore:
         return self.scheduler.draining
 
     def has_work(self) -> bool:
-        return bool(self.scheduler.by_id)
+        return bool(self.scheduler.by_id or self.embeddings)
 
     def step(self) -> TickReport:
-        """One tick: schedule, run the batch, make sense of its results, report."""
+        """One tick: an embedding batch when any wait, then schedule, run the generation
+        batch, make sense of its results, report."""
         scheduler = self.scheduler
+        if self.embeddings:
+            scheduler.drafts.embedded(*self.embeddings.step())
         plan = scheduler.schedule(self.clock())
         batch = None
         if plan:
@@ -121,13 +139,14 @@ class EngineCore:
         """Whether updates wait to go out though no tick ran."""
         return bool(self.scheduler.drafts)
 
-    def abandon(self, detail: str) -> dict[str, list[RequestUpdate]]:
+    def abandon(self, detail: str) -> TickReport:
         """The engine cannot go on: every request in flight ends with an error. Only the drafts
         are touched (the rest of the state may be what broke); pending updates go out too."""
         drafts = self.scheduler.drafts
         for seq in self.scheduler.by_id.values():
             drafts.finish(seq.request, FINISH_ERROR, detail)
-        return drafts.flush(_NO_LOAD, None, None).updates
+        drafts.embedded(self.embeddings.end_all(FINISH_ERROR, detail))
+        return drafts.flush(_NO_LOAD, None, None)
 
     # -- what observers read ------------------------------------------------------------------
 

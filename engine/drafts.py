@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tinyserve.engine.embedder import EmbedBatch
 from tinyserve.engine.host_cache import CacheStats
 from tinyserve.engine.report import Batch, Ended, Grant, Load, Rejected, TickReport
-from tinyserve.protocol import RequestUpdate, Submit
+from tinyserve.protocol import Embedded, RequestUpdate, Submit
 
 
 class TickDrafts:
@@ -27,6 +28,8 @@ class TickDrafts:
         self._grants: list[Grant] = []
         self._ended: list[Ended] = []
         self._rejections: list[Rejected] = []
+        self._embedded: list[Embedded] = []
+        self._embed_batch: EmbedBatch | None = None
 
     def _add(self, request: Submit, update: RequestUpdate) -> None:
         held = self._updates.get(request.request_id)
@@ -93,8 +96,13 @@ class TickDrafts:
     def rejected(self, rejected: Rejected) -> None:
         self._rejections.append(rejected)
 
+    def embedded(self, ended: list[Embedded], batch: EmbedBatch | None = None) -> None:
+        """Embedding requests that ended (each with its one ``Embedded``), and the batch run."""
+        self._embedded += ended
+        self._embed_batch = batch or self._embed_batch
+
     def __bool__(self) -> bool:
-        return bool(self._updates)
+        return bool(self._updates or self._embedded)
 
     def flush(self, load: Load, batch: Batch | None, cache: CacheStats | None) -> TickReport:
         """This tick's report: the updates per frontend, numbered, and the rest as collected."""
@@ -106,8 +114,17 @@ class TickDrafts:
                 self._next_seq[request_id] = update.seq + 1
             updates.setdefault(frontend_id, []).append(update)
         report = TickReport(
-            load, updates, self._grants, self._ended, self._rejections, batch, cache
+            load,
+            updates,
+            self._grants,
+            self._ended,
+            self._rejections,
+            batch,
+            cache,
+            self._embedded,
+            self._embed_batch,
         )
         self._updates = {}
-        self._grants, self._ended, self._rejections = [], [], []
+        self._grants, self._ended, self._rejections, self._embedded = [], [], [], []
+        self._embed_batch = None
         return report

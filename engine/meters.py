@@ -15,6 +15,7 @@ from typing import Any
 from tinyserve.engine.host_cache import CacheStats
 from tinyserve.engine.report import RULE_PRIORITY, RULE_TENANT, Cause, Grant, Load, TickReport
 from tinyserve.metrics import Metrics
+from tinyserve.protocol import FINISH_REJECTED
 
 # Who ended a request, for the cancellations counter (the frontend counts the cancels it sends).
 _CANCELLATIONS = {
@@ -56,6 +57,9 @@ class EngineMeter:
         self._batch_requests = m.histogram("tinyserve_batch_requests")
         self._batch_tokens = m.histogram("tinyserve_batch_tokens")
         self._decode = m.histogram("tinyserve_decode_step_seconds")
+        self._embed_inputs = m.counter("tinyserve_embedding_inputs_total")
+        self._embed_tokens = m.counter("tinyserve_embedding_tokens_total")
+        self._embed_batch = m.histogram("tinyserve_embedding_batch_seconds")
         self._cache = _CacheCounters(metrics)
         self._last = (-1,) * len(_LOAD_GAUGES)  # gauge values written last
 
@@ -68,6 +72,13 @@ class EngineMeter:
             self._decode.observe(batch.decode_s)
         if report.generated:
             self._generated.inc(report.generated)
+        if report.embed_batch is not None:
+            self._embed_inputs.inc(report.embed_batch.inputs)
+            self._embed_tokens.inc(report.embed_batch.tokens)
+            self._embed_batch.observe(report.embed_batch.seconds)
+        for embedded in report.embedded:
+            if embedded.finish_reason == FINISH_REJECTED:
+                self._rejections.labels("engine", embedded.detail).inc()
         for grant in report.grants:
             self._decisions.labels(self._policy, rule_label(grant, self._tenants)).inc()
             self._queue_wait.observe(grant.wait_s)

@@ -38,12 +38,12 @@ from tinyserve.protocol import (
     STATE_DRAINING,
     STATE_READY,
     Cancel,
+    Embed,
     FeedLease,
     Hello,
     HelloAck,
     Message,
     ProtocolError,
-    RequestUpdate,
     Submit,
     TickOutput,
     TimelineQuery,
@@ -145,6 +145,7 @@ class EngineProcess:
             remove_quietly(endpoint.removeprefix("ipc://"))
         self.board.close()
         self.board.unlink()
+        self.core.embeddings.close()  # before the weights it may share
         self.runtime.close()
         self.tracing.shutdown()
 
@@ -173,7 +174,7 @@ class EngineProcess:
         """Everything follows from the tick's report. Board first: a frontend that sees a
         request's output also sees the capacity and counts of the tick that produced it."""
         self._publish_board(report)
-        self._publish(report.updates)
+        self._publish(report)
         self.meter.after_pass(report)  # gauges too, when idle
         if self.spans is not None:
             for timeline in report.ended():
@@ -233,6 +234,8 @@ class EngineProcess:
                 self.core.refuse(message, fault)
             else:
                 self.core.submit(message)
+        elif isinstance(message, Embed):
+            self.core.embed(message)
         elif isinstance(message, Cancel):
             self.core.cancel(message.request_id, message.reason)
         elif isinstance(message, Hello):
@@ -268,11 +271,13 @@ class EngineProcess:
         )
         self.outbox.send_multipart([topic(hello.frontend_id), encode(ack)])
 
-    def _publish(self, updates: dict[str, list[RequestUpdate]]) -> None:
-        """One ``TickOutput`` per frontend with updates this tick."""
-        for frontend_id, of_frontend in updates.items():
+    def _publish(self, report: TickReport) -> None:
+        """One ``TickOutput`` per frontend with updates this tick; each ended embedding."""
+        for frontend_id, of_frontend in report.updates.items():
             out = TickOutput(frontend_id, of_frontend)
             self.outbox.send_multipart([topic(frontend_id), encode(out)])
+        for embedded in report.embedded:
+            self.outbox.send_multipart([topic(embedded.frontend_id), encode(embedded)])
 
     # -- housekeeping ------------------------------------------------------------------------
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from tinyserve.engine.embedder import EmbedBatch
 from tinyserve.engine.host_cache import CacheStats
 from tinyserve.engine.timeline import Timeline
-from tinyserve.protocol import RequestUpdate
+from tinyserve.protocol import Embedded, RequestUpdate
 
 # How a policy chose the request that got a slot (``Grant.rule``).
 RULE_ARRIVAL = "arrival"  # fifo: the oldest waiting request
@@ -92,7 +93,8 @@ class TickReport:
     """Everything one tick (or one idle pass) produced.
 
     ``updates`` are the wire updates per frontend id; ``cache`` is the prefix cache's running
-    totals.
+    totals; ``embedded`` the embedding requests that ended, ``embed_batch`` the embedding batch
+    the tick ran.
     """
 
     load: Load
@@ -102,6 +104,8 @@ class TickReport:
     rejections: list[Rejected] = field(default_factory=list)
     batch: Batch | None = None
     cache: CacheStats | None = None
+    embedded: list[Embedded] = field(default_factory=list)
+    embed_batch: EmbedBatch | None = None
 
     @property
     def generated(self) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,8 @@ import numpy.typing as npt
 
 from tinyserve.config import DEFAULT_CTX_PER_SLOT, Config
 from tinyserve.engine.sampler import Sampler, Vocab
-from tinyserve.errors import EngineFatalError, ModelNotFoundError, RequestError
+from tinyserve.engine.weights import GpuSpec, check_gpu, load_model, repack_weights
+from tinyserve.errors import EngineFatalError, RequestError
 from tinyserve.model import resolve_model_path
 from tinyserve.protocol import SamplingParams
 from tinyserve_native.batch_builder import BatchBuilder
@@ -35,16 +36,6 @@ KV_STREAM_PAD = 256
 
 
 @dataclass(frozen=True)
-class GpuSpec:
-    """Where llama.cpp puts the weights (and with them the KV cache of their layers)."""
-
-    layers: int = 0  # offloaded layers; GPU_LAYERS_ALL: all of them
-    main_gpu: int = 0
-    split_mode: str = "layer"
-    tensor_split: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True)
 class RuntimeSpec:
     """What the runtime needs to open a context; derived once from the engine's config."""
 
@@ -54,11 +45,10 @@ class RuntimeSpec:
     n_batch: int
     n_threads: int
     repack: str = "auto"  # llama.cpp's weight repacking: "on", "off", or off where the CPU has AMX
-    gpu: GpuSpec = GpuSpec()
+    gpu: GpuSpec = field(default_factory=GpuSpec)
 
     @classmethod
     def from_config(cls, config: Config) -> RuntimeSpec:
-        shares = tuple(float(x) for x in config.tensor_split.split(",") if x)
         return cls(
             resolve_model_path(config.model),
             config.slots,
@@ -66,7 +56,7 @@ class RuntimeSpec:
             config.max_batch_tokens,
             config.engine_threads,
             config.repack,
-            GpuSpec(config.gpu_layers, config.main_gpu, config.split_mode, shares),
+            GpuSpec.from_config(config),
         )
 
 
@@ -97,65 +87,6 @@ def _route_llama_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
 _LOG_CALLBACK = llama_cpp.llama_log_callback(_route_llama_log)
 
 
-_SPLIT_MODES = {
-    "none": llama_cpp.LLAMA_SPLIT_MODE_NONE,
-    "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
-    "row": llama_cpp.LLAMA_SPLIT_MODE_ROW,
-}
-
-
-def model_params(
-    repack: bool, gpu: GpuSpec = GpuSpec(), shares: ctypes.Array[ctypes.c_float] | None = None
-) -> llama_cpp.llama_model_params:
-    """How llama.cpp loads the weights: ``gpu.layers`` of them on the GPU (a negative count
-    is all), split by ``shares`` (``gpu.tensor_split`` as llama.cpp's array, which the caller
-    keeps alive through the load), repacked into its extra CPU buffer types (AMX,
-    CPU_REPACK) only when ``repack``."""
-    params: llama_cpp.llama_model_params = llama_cpp.llama_model_default_params()
-    params.n_gpu_layers = gpu.layers
-    params.main_gpu = gpu.main_gpu
-    params.split_mode = _SPLIT_MODES[gpu.split_mode]
-    if shares is not None:
-        params.tensor_split = shares
-    params.use_extra_bufts = repack
-    return params
-
-
-def check_gpu(gpu: GpuSpec) -> None:
-    """Refuse GPU settings this build of llama.cpp cannot honour, with one line saying why."""
-    if gpu.layers and not llama_cpp.llama_supports_gpu_offload():
-        raise EngineFatalError(
-            "--gpu-layers needs a llama-cpp-python built with a GPU backend; this one runs on "
-            "the CPU only (docs/deploy.md: building it for CUDA)"
-        )
-    devices = llama_cpp.llama_max_devices()
-    if len(gpu.tensor_split) > devices:
-        raise EngineFatalError(
-            f"--tensor-split names {len(gpu.tensor_split)} GPUs; at most {devices}"
-        )
-
-
-def repack_weights(mode: str) -> bool:
-    """Whether to repack: ``on``/``off`` as given; ``auto`` repacks unless the CPU has AMX.
-    NOTE: with the weights repacked for AMX, the vendored llama.cpp's AMX matmul segfaults on
-    the first batch of more than one token (seen on this project's Xeon VMs with amx_tile;
-    llama.cpp issue 20824 reports the same crash, unfixed), which would end the engine."""
-    if mode != "auto":
-        return mode == "on"
-    if not cpu_has_amx():
-        return True
-    log.warning("weight repacking off: this CPU has AMX, whose kernels crash here (--repack on)")
-    return False
-
-
-def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return False
-    return re.search(r"^flags\s*:.*\bamx_tile\b", text, re.MULTILINE) is not None
-
-
 class LlamaRuntime:
     """The model, one context (a stream of KV cells per slot), and one reusable batch."""
 
@@ -164,10 +95,10 @@ class LlamaRuntime:
         llama_cpp.llama_backend_init()
         check_gpu(spec.gpu)
         self.spec = spec
-        self._model = self._load_model(spec)
-        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.model = load_model(spec.model_path, repack_weights(spec.repack), spec.gpu)
+        self._vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self.n_layer = int(llama_cpp.llama_model_n_layer(self._model))
+        self.n_layer = int(llama_cpp.llama_model_n_layer(self.model))
         self.eog_tokens = [
             t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)
         ]
@@ -192,23 +123,10 @@ class LlamaRuntime:
             "all" if spec.gpu.layers < 0 else spec.gpu.layers,
         )
 
-    def _load_model(self, spec: RuntimeSpec) -> llama_cpp.llama_model_p:
-        shares = None
-        if spec.gpu.tensor_split:
-            shares = (ctypes.c_float * llama_cpp.llama_max_devices())(*spec.gpu.tensor_split)
-        params = model_params(repack_weights(spec.repack), spec.gpu, shares)
-        path = spec.model_path
-        model: llama_cpp.llama_model_p = llama_cpp.llama_model_load_from_file(
-            str(path).encode(), params
-        )
-        if not model:
-            raise ModelNotFoundError(f"llama.cpp could not load model file: {path}")
-        return model
-
     def _kv_memory(self, spec: RuntimeSpec) -> KvMemory:
         """What the KV cache will take, refused with one line when the memory is not there
         (on the CPU: llama.cpp would be killed writing zeros into it, not refused)."""
-        train = int(llama_cpp.llama_model_n_ctx_train(self._model))
+        train = int(llama_cpp.llama_model_n_ctx_train(self.model))
         cells = spec.ctx_per_slot or min(train, DEFAULT_CTX_PER_SLOT)
         cells = -(-cells // KV_STREAM_PAD) * KV_STREAM_PAD  # llama.cpp pads each stream so
         kv = KvMemory(spec.slots, cells, self._cell_bytes())
@@ -223,15 +141,15 @@ class LlamaRuntime:
     def _cell_bytes(self) -> int:
         """K and V bytes of one token in all layers (f16, llama.cpp's default cache type)."""
         arch = self._meta("general.architecture")
-        heads = int(llama_cpp.llama_model_n_head(self._model))
-        default = int(llama_cpp.llama_model_n_embd(self._model)) // max(heads, 1)
+        heads = int(llama_cpp.llama_model_n_head(self.model))
+        default = int(llama_cpp.llama_model_n_embd(self.model)) // max(heads, 1)
         k = int(self._meta(f"{arch}.attention.key_length") or default)
         v = int(self._meta(f"{arch}.attention.value_length") or default)
-        return self.n_layer * int(llama_cpp.llama_model_n_head_kv(self._model)) * (k + v) * 2
+        return self.n_layer * int(llama_cpp.llama_model_n_head_kv(self.model)) * (k + v) * 2
 
     def _meta(self, key: str) -> str:
         buf = ctypes.create_string_buffer(256)
-        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        n = llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
         return buf.value.decode() if n >= 0 else ""
 
     def _new_context(self, spec: RuntimeSpec, kv: KvMemory) -> llama_cpp.llama_context_p:
@@ -252,7 +170,7 @@ class LlamaRuntime:
             "type_v": int(params.type_v),
             "flash_attn": int(params.flash_attn_type),
         }
-        ctx: llama_cpp.llama_context_p = llama_cpp.llama_init_from_model(self._model, params)
+        ctx: llama_cpp.llama_context_p = llama_cpp.llama_init_from_model(self.model, params)
         if not ctx:
             raise EngineFatalError(
                 f"llama.cpp could not create a context with a KV cache of {kv}: lower --slots "
@@ -386,7 +304,7 @@ class LlamaRuntime:
     def close(self) -> None:
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self.ctx)
-        llama_cpp.llama_model_free(self._model)
+        llama_cpp.llama_model_free(self.model)
 
 
 def llama_cpp_version() -> str:

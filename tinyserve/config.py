@@ -234,6 +234,28 @@ OPTIONS: tuple[Option, ...] = (
     Option("queue_timeout", _nnfloat, 0.0, "seconds a request may wait for a slot (0: none)", _ENG),
     Option("request_timeout", _nnfloat, 0.0, "seconds a request may run in all (0: none)", _ENG),
     Option("timeline_keep", _nnint, 1000, "finished requests whose timeline is kept", _ENG),
+    Option(
+        "embedding_model",
+        str,
+        None,
+        "GGUF that /v1/embeddings runs (default: the served model's weights)",
+        _ALL,
+    ),
+    Option(
+        "pooling",
+        str,
+        "auto",
+        "how /v1/embeddings pools an input's tokens; auto: the GGUF's, else mean",
+        _ENG,
+        ("auto", "mean", "cls", "last"),
+    ),
+    Option(
+        "embedding_max_tokens",
+        _pint,
+        512,
+        "longest /v1/embeddings input in tokens, and the tokens of one embedding batch",
+        _ALL,
+    ),
     # frontend
     Option("host", str, "127.0.0.1", "address to listen on", _FE),
     Option("port", _nnint, 8000, "TCP port (shared by all frontends with SO_REUSEPORT)", _FE),
@@ -327,6 +349,9 @@ class Config:
     drain_timeout: float
     trace_exporter: str
     timeline_keep: int
+    embedding_model: str | None
+    pooling: str
+    embedding_max_tokens: int
     api_key: tuple[str, ...]
     api_key_file: str | None
     metrics_auth: bool

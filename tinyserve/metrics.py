@@ -128,6 +128,12 @@ SPECS: tuple[Spec, ...] = (
     _histogram("tinyserve_batch_tokens", "Tokens in one tick's batch", ENGINE, TOKENS),
     _histogram("tinyserve_decode_step_seconds", "Duration of one llama_decode call", ENGINE,
                SECONDS),
+    # -- engine: embeddings (/v1/embeddings)
+    _counter("tinyserve_embedding_inputs_total", "Inputs embedded", ENGINE),
+    _counter("tinyserve_embedding_tokens_total", "Tokens of the inputs embedded", ENGINE),
+    _histogram("tinyserve_embedding_batch_seconds", "Duration of one embedding batch (at most "
+               "--embedding-max-tokens tokens, run between two generation ticks)", ENGINE,
+               SECONDS),
     # -- engine: prefix cache
     _counter("tinyserve_prefix_cache_lookups_total", "Slot grants that looked for a prompt's "
              "start in a slot's kept cells and the prefix cache", ENGINE),

@@ -1,8 +1,8 @@
 """Every message that crosses a process boundary, and its msgpack encoding.
 
-Frontend -> engine (PUSH/PULL): ``Hello``, ``Submit``, ``Cancel``, ``TimelineQuery``,
-``FeedLease``.
-Engine -> frontend (PUB/SUB, topic = frontend id): ``HelloAck``, ``TickOutput``,
+Frontend -> engine (PUSH/PULL): ``Hello``, ``Submit``, ``Embed``, ``Cancel``,
+``TimelineQuery``, ``FeedLease``.
+Engine -> frontend (PUB/SUB, topic = frontend id): ``HelloAck``, ``TickOutput``, ``Embedded``,
 ``TimelineReply``; on the topic ``FEED_TOPIC``, to every frontend that subscribed to it,
 ``FeedUpdate``.
 
@@ -25,7 +25,8 @@ import msgpack
 
 # 2: no TickOutput.stats, Submit.want_timeline or events (accepted)
 # 3: FeedLease and FeedUpdate (the dashboard's event feed, GET /v1/events)
-PROTOCOL_VERSION = 3
+# 4: Embed and Embedded (/v1/embeddings)
+PROTOCOL_VERSION = 4
 
 # Ways a request can end; the same strings appear in replies and metrics.
 FINISH_STOP = "stop"
@@ -269,6 +270,18 @@ class FeedLease(Message):
     seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class Embed(Message):
+    """One ``/v1/embeddings`` request: its inputs tokenized by the frontend (with the vocabulary
+    of the model that embeds). The engine answers with one ``Embedded``."""
+
+    TAG: ClassVar[int] = 6
+    request_id: str
+    frontend_id: str
+    inputs: list[list[int]]
+    arrival_ns: int = 0  # time.monotonic_ns() at the frontend
+
+
 # -- engine -> frontend -------------------------------------------------------------------
 
 
@@ -371,6 +384,22 @@ class TimelineReply(Message):
     timeline: dict[str, Any] | None
 
 
+@dataclass(frozen=True, slots=True)
+class Embedded(Message):
+    """The end of an ``Embed``: one L2-normalised vector per input, in order, each as
+    little-endian float32 bytes (what OpenAI's base64 encoding carries), when
+    ``finish_reason`` is ``stop``; else why not (rejected with a REJECT_* ``detail``,
+    cancelled, error)."""
+
+    TAG: ClassVar[int] = 15
+    frontend_id: str
+    request_id: str
+    finish_reason: str
+    vectors: list[bytes] = field(default_factory=list)
+    prompt_tokens: int = 0
+    detail: str = ""
+
+
 # The feed's topic: frontend ids are hex, so no frontend's topic starts with "~".
 FEED_TOPIC = b"~feed"
 
@@ -407,11 +436,13 @@ _BY_TAG: dict[int, type[Message]] = {
     for cls in (
         Hello,
         Submit,
+        Embed,
         Cancel,
         TimelineQuery,
         FeedLease,
         HelloAck,
         TickOutput,
+        Embedded,
         TimelineReply,
         FeedUpdate,
     )

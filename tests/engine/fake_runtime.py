@@ -114,6 +114,7 @@ class FakeRuntime:
     does (a sequence's rows continue its cells; room in its stream)."""
 
     ctx = None
+    model = None  # what an embedding context would run on: these tests embed nothing
     n_layer = 1
     n_vocab = 8
 

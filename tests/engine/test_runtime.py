@@ -8,14 +8,9 @@ from pathlib import Path
 import pytest
 
 from tinyserve.config import parse_args
-from tinyserve.engine import runtime as runtime_module
-from tinyserve.engine.runtime import (
-    LlamaRuntime,
-    RuntimeSpec,
-    cpu_has_amx,
-    model_params,
-    repack_weights,
-)
+from tinyserve.engine import weights as weights_module
+from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
+from tinyserve.engine.weights import cpu_has_amx, model_params, repack_weights
 
 from .conftest import core_config
 
@@ -42,7 +37,7 @@ def test_amx_is_read_from_the_flags_line(tmp_path: Path) -> None:
 def test_on_and_off_are_obeyed_whatever_the_cpu(
     monkeypatch: pytest.MonkeyPatch, has_amx: bool
 ) -> None:
-    monkeypatch.setattr(runtime_module, "cpu_has_amx", lambda: has_amx)
+    monkeypatch.setattr(weights_module, "cpu_has_amx", lambda: has_amx)
     assert repack_weights("on") is True
     assert repack_weights("off") is False
 
@@ -50,10 +45,10 @@ def test_on_and_off_are_obeyed_whatever_the_cpu(
 def test_auto_repacks_unless_the_cpu_has_amx_and_says_so(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(runtime_module, "cpu_has_amx", lambda: False)
+    monkeypatch.setattr(weights_module, "cpu_has_amx", lambda: False)
     assert repack_weights("auto") is True
     assert not caplog.records
-    monkeypatch.setattr(runtime_module, "cpu_has_amx", lambda: True)
+    monkeypatch.setattr(weights_module, "cpu_has_amx", lambda: True)
     with caplog.at_level(logging.WARNING):
         assert repack_weights("auto") is False
     [line] = caplog.records

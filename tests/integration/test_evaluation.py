@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import requests
 
-from tinyserve.engine.runtime import model_params, repack_weights
+from tinyserve.engine.weights import model_params, repack_weights
 from tinyserve.model import resolve_model_path
 
 from .node import Node
