@@ -429,8 +429,28 @@ def default_runtime_dir(environ: dict[str, str] | os._Environ[str] = os.environ)
     return os.path.join(tempfile.gettempdir(), f"tinyserve-{os.getuid()}")
 
 
+# Flags of earlier releases, each refused with what replaces it (argparse would otherwise take
+# --ctx as an abbreviation of --ctx-per-slot, whose cells are per slot, not in all).
+REMOVED_FLAGS = {
+    "--ctx": "--ctx-per-slot (KV cells of each slot; --ctx counted all slots' together)",
+    "--kv-layout": "--ctx-per-slot (every slot has a stream of cells of its own)",
+    "--cache-seqs": "--host-cache-mb (the prefix cache keeps KV blocks in host memory)",
+    "--cache-cells": "--host-cache-mb (the prefix cache keeps KV blocks in host memory)",
+}
+
+
+class _Removed(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        parser.error(
+            f"{self.option_strings[0]} was removed: use {REMOVED_FLAGS[self.option_strings[0]]}"
+        )
+
+
 def add_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     """Add the flags of ``role`` to ``parser``; their defaults are None so the env can fill in."""
+    parser.allow_abbrev = False  # a prefix of a flag is not that flag
+    for flag in REMOVED_FLAGS:
+        parser.add_argument(flag, action=_Removed, nargs="?", help=argparse.SUPPRESS)
     for opt in OPTIONS:
         if role not in opt.roles:
             continue

@@ -74,7 +74,7 @@ def served(
     name, family = request.param, FAMILIES[request.param]
     workdir = tmp_path_factory.mktemp(name)
     model = model_with_template(family.template, workdir, name)
-    flags = ("--model", str(model), "--slots", "2", "--ctx", "2048", "--threads", "1")
+    flags = ("--model", str(model), "--slots", "2", "--ctx-per-slot", "2048", "--threads", "1")
     node = Node(workdir, *flags, frontends=1).start()
     with openai.OpenAI(base_url=f"{node.url}/v1", api_key="none", max_retries=0) as client:
         yield Served(name, family, node, client, client.models.list().data[0].id)

@@ -23,7 +23,7 @@ from tests.integration.node import Node
 
 pytestmark = pytest.mark.integration
 
-SMALL = ("--ctx", "1024")  # a small KV cache: the model loads faster
+SMALL = ("--ctx-per-slot", "256")  # a small KV cache: the model loads faster
 STARTS = 3
 KILLS = 2
 REQUESTS = 12

@@ -84,6 +84,25 @@ def test_a_chunk_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
     assert "--chunk: must be > 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["serve", "--ctx", "4096"], "--ctx was removed: use --ctx-per-slot"),
+        (["engine", "--kv-layout", "slots"], "--kv-layout was removed: use --ctx-per-slot"),
+        (["engine", "--cache-seqs", "2"], "--cache-seqs was removed: use --host-cache-mb"),
+        # a prefix of a flag is not taken for it
+        (["engine", "--ctx-per", "512"], "unrecognized arguments: --ctx-per 512"),
+    ],
+)
+def test_removed_and_abbreviated_flags_are_usage_errors(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        cli.main(argv)
+    assert refused.value.code == 2
+    assert said in capsys.readouterr().err
+
+
 def test_the_sequence_limit_is_llama_cpps() -> None:
     assert llama_cpp.llama_max_parallel_sequences() == LLAMA_MAX_SEQ
 
