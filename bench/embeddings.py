@@ -1,0 +1,249 @@
+"""What an embedding costs: TinyServe's ``/v1/embeddings`` beside llama-server's (built from the
+same vendored llama.cpp, ``--embeddings --pooling mean``) and llama-cpp-python's own
+``embed()`` in a process of its own, in one run, on the same model and threads.
+
+Inputs are texts of about ``--tokens`` tokens. Two ways to send them, each for ``--rounds``
+rounds with the servers' order alternating:
+
+- ``list``: one client, ``--per-request`` inputs per request (a retrieval pipeline indexing);
+- ``single``: ``--concurrency`` clients, one input per request, back to back (queries).
+
+Figures: inputs per second, client milliseconds per input, request latency p50/p99.
+``embed()`` runs the ``list`` load only (one caller). Then, TinyServe alone, what embedding
+costs generation: the inter-token latency of a 128-token stream alone and while one client
+sends ``list`` requests back to back (the engine runs one embedding batch per tick).
+Writes ``bench/results/embeddings.csv``.
+
+    .venv/bin/python bench/embeddings.py
+    .venv/bin/python bench/embeddings.py --tokens 120 --per-request 32 --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from common import in_fresh_process, mean, percentile, prompt_of, start_node, write_csv
+from vs_llama_server import BUILD, Server, _healthy, llama_server_binary, model_id
+
+SERVER_CTX = 512  # llama-server's cells per slot, and TinyServe's --embedding-max-tokens
+
+
+def texts(count: int, tokens: int) -> list[str]:
+    return [prompt_of(tokens, salt) for salt in range(count)]
+
+
+def embed_in_process(model: str, count: int, tokens: int, per_request: int, threads: int) -> Any:
+    """llama-cpp-python's ``embed()``: seconds per call of ``per_request`` inputs (run in a
+    fresh interpreter by ``in_fresh_process``)."""
+    import llama_cpp
+
+    from tinyserve.engine.weights import model_params, repack_weights
+
+    params = model_params(repack_weights("auto"))
+    llama_cpp.llama_cpp.llama_model_default_params = lambda: params  # weights as the engine's
+    llm = llama_cpp.Llama(
+        model,
+        embedding=True,
+        pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+        flash_attn=True,
+        n_ctx=SERVER_CTX,
+        n_batch=SERVER_CTX,
+        n_seq_max=32,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+    inputs = texts(count, tokens)
+    seconds = []
+    for start in range(0, count, per_request):
+        began = time.perf_counter()
+        llm.embed(inputs[start : start + per_request])
+        seconds.append(time.perf_counter() - began)
+    llm.close()
+    return seconds
+
+
+def start_llama_server(model: Path, args: argparse.Namespace) -> Server:
+    from tests.integration.node import free_port
+    from tinyserve.engine.weights import repack_weights
+
+    port = free_port()
+    log = open(BUILD / "llama-server-embeddings.log", "w")  # noqa: SIM115 (closed by stop)
+    argv = [
+        str(llama_server_binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+        "-t", str(args.threads), "-tb", str(args.threads), "--embeddings", "--pooling", "mean",
+        "-np", "4", "-c", str(4 * SERVER_CTX), "-b", str(SERVER_CTX), "-ub", str(SERVER_CTX),
+        *([] if repack_weights("auto") else ["--no-repack"]),
+    ]  # fmt: skip
+    env = {**os.environ, "LD_LIBRARY_PATH": str(Path(argv[0]).parent)}
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def stop() -> None:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+    server = Server("llama-server", f"http://127.0.0.1:{port}", pid=proc.pid, stop=stop)
+    deadline = time.monotonic() + 180
+    while not _healthy(server.url):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop()
+            raise SystemExit(f"llama-server did not start; see {log.name}")
+        time.sleep(0.5)
+    return server
+
+
+def start_tinyserve(model: Path, args: argparse.Namespace) -> Server:
+    flags = ["--model", str(model), "--threads", str(args.threads), "--slots", "4"]
+    flags += ["--ctx-per-slot", "1024", "--embedding-max-tokens", str(SERVER_CTX)]
+    node = start_node(*flags, "--max-queue", "1024", frontends=args.frontends)
+    return Server("tinyserve", node.url, pid=node.process.pid, stop=lambda: node.stop(False))
+
+
+async def post_embeddings(
+    session: aiohttp.ClientSession, server: Server, inputs: list[str]
+) -> float:
+    body = {"model": server.model, "input": inputs, "encoding_format": "float"}
+    began = time.perf_counter()
+    async with session.post(f"{server.url}/v1/embeddings", json=body) as resp:
+        reply = await resp.json()
+        if resp.status != 200 or len(reply["data"]) != len(inputs):
+            raise SystemExit(f"{server.name}: {resp.status} {str(reply)[:300]}")
+    return time.perf_counter() - began
+
+
+async def load(
+    server: Server, kind: str, inputs: list[str], args: argparse.Namespace
+) -> dict[str, float]:
+    """One round of ``kind`` on ``server``: its figures."""
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        if not server.model:
+            server.model = await model_id(session, server.url)
+        latencies: list[float] = []
+        began = time.perf_counter()
+        if kind == "list":
+            for start in range(0, len(inputs), args.per_request):
+                batch = inputs[start : start + args.per_request]
+                latencies.append(await post_embeddings(session, server, batch))
+        else:
+            queue = list(inputs)
+
+            async def client() -> None:
+                while queue:
+                    latencies.append(await post_embeddings(session, server, [queue.pop()]))
+
+            await asyncio.gather(*(client() for _ in range(args.concurrency)))
+        seconds = time.perf_counter() - began
+    return figures(seconds, latencies, len(inputs))
+
+
+def figures(seconds: float, latencies: list[float], inputs: int) -> dict[str, float]:
+    return {
+        "inputs_per_s": round(inputs / seconds, 2),
+        "ms_per_input": round(1000 * seconds / inputs, 2),
+        "request_p50_ms": round(1000 * percentile(latencies, 0.5), 1),
+        "request_p99_ms": round(1000 * percentile(latencies, 0.99), 1),
+    }
+
+
+async def stream_gaps(server: Server, busy: bool, args: argparse.Namespace) -> list[float]:
+    """Gaps between the chunks of one 128-token greedy stream; with ``busy``, while one client
+    sends ``list`` requests back to back."""
+    inputs = texts(args.per_request, args.tokens)
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        done = asyncio.Event()
+
+        async def embedder() -> None:
+            while not done.is_set():
+                await post_embeddings(session, server, inputs)
+
+        background = asyncio.create_task(embedder()) if busy else None
+        body = {
+            "model": server.model, "max_tokens": 128, "temperature": 0, "stream": True,
+            "ignore_eos": True, "messages": [{"role": "user", "content": "Tell me a story."}],
+        }  # fmt: skip
+        gaps: list[float] = []
+        last = None
+        async with session.post(f"{server.url}/v1/chat/completions", json=body) as resp:
+            async for line in resp.content:
+                if line.startswith(b"data:") and b"[DONE]" not in line:
+                    now = time.perf_counter()
+                    if last is not None:
+                        gaps.append(now - last)
+                    last = now
+        done.set()
+        if background is not None:
+            await background
+    return gaps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--inputs", type=int, default=128, help="texts per round")
+    parser.add_argument("--tokens", type=int, default=60, help="about this many tokens each")
+    parser.add_argument("--per-request", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--frontends", type=int, default=1)
+    parser.add_argument("--model", type=Path, default=None)
+    args = parser.parse_args()
+
+    from tinyserve.model import resolve_model_path
+
+    model = resolve_model_path(str(args.model) if args.model else None)
+    llama_server_binary()
+    inputs = texts(args.inputs, args.tokens)
+    rows: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        seconds = in_fresh_process(
+            "embeddings", "embed_in_process", str(model), args.inputs, args.tokens,
+            args.per_request, args.threads,
+        )  # fmt: skip
+        got = figures(sum(seconds), seconds, args.inputs)
+        rows.append({"server": "embed()", "load": "list", "round": r + 1, **got})
+    servers = [start_llama_server(model, args), start_tinyserve(model, args)]
+    try:
+        for kind in ("list", "single"):
+            for r in range(args.rounds):
+                for server in servers if r % 2 == 0 else servers[::-1]:
+                    got = asyncio.run(load(server, kind, inputs, args))
+                    rows.append({"server": server.name, "load": kind, "round": r + 1, **got})
+                    print(f"{kind} round {r + 1}: {server.name} {got}", flush=True)
+        tinyserve = servers[1]
+        alone = asyncio.run(stream_gaps(tinyserve, False, args))
+        busy = asyncio.run(stream_gaps(tinyserve, True, args))
+    finally:
+        for server in servers:
+            server.stop()
+    path = write_csv("embeddings", rows)
+    print(
+        f"\nmodel {model.name}; threads {args.threads}; {args.inputs} inputs of ~{args.tokens} "
+        f"tokens; list: {args.per_request} per request; single: {args.concurrency} clients"
+    )
+    for kind in ("list", "single"):
+        for name in ("embed()", "llama-server", "tinyserve"):
+            of = [row for row in rows if row["server"] == name and row["load"] == kind]
+            if of:
+                rate = statistics.median(row["inputs_per_s"] for row in of)
+                ms = statistics.median(row["ms_per_input"] for row in of)
+                p50 = statistics.median(row["request_p50_ms"] for row in of)
+                print(f"{kind:6} {name:12} {rate:8.1f} inputs/s {ms:7.2f} ms/input  p50 {p50} ms")
+    for name, gaps in (("alone", alone), ("beside embedding", busy)):
+        ms, p99 = 1000 * mean(gaps), 1000 * percentile(gaps, 0.99)
+        print(f"stream ITL {name}: mean {ms:.1f} ms, p99 {p99:.1f} ms")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
