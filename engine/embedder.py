@@ -184,6 +184,8 @@ class Embeddings:
             self.model = load_model(spec.model_path, repack_weights(spec.repack), spec.gpu)
             vocab = llama_cpp.llama_model_get_vocab(self.model)
             self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        # dimensions of a vector (the frontends check a request's ``dimensions`` against it)
+        self.size = int(llama_cpp.llama_model_n_embd_out(self.model)) if self.model else 0
         self._jobs: deque[_Job] = deque()
         self._context: EmbeddingContext | None = None
 

@@ -268,6 +268,7 @@ class EngineProcess:
             self.core.load().blocks_total,
             self.config.max_queue,
             self.config.gpu_layers,
+            self.core.embeddings.size,
         )
         self.outbox.send_multipart([topic(hello.frontend_id), encode(ack)])
 

@@ -301,6 +301,7 @@ class HelloAck(Message):
     blocks_total: int
     max_queue: int
     gpu_layers: int = 0  # layers the engine offloaded to a GPU (-1: all of them)
+    embedding_size: int = 0  # dimensions of a /v1/embeddings vector
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ SAMPLES: list[p.Message] = [
     p.TimelineReply("f" * 32, 7, {"request_id": "r1", "prefill": [{"tick": 3, "tokens": 16}]}),
     p.TimelineReply("f" * 32, 8, None),
     p.FeedLease("f" * 32, 3.0),
-    p.HelloAck("f" * 32, 42, 7, "smol", 4096, 49152, 8, 16, 256, 64),
+    p.HelloAck("f" * 32, 42, 7, "smol", 4096, 49152, 8, 16, 256, 64, -1, 576),
     p.TickOutput(
         "f" * 32,
         [
