@@ -224,6 +224,8 @@ class RefRadix:
     def partial(self, parent_block: int, tokens: list[int]) -> tuple[int, int]:
         above = () if parent_block == -1 else self._key_of(parent_block)
         best, found, best_used = 0, -1, 0
+        if self._is_tail(above):
+            return best, found  # nothing hangs below a tail: a key that extends it is a sibling
         for key, (block_id, used) in self.nodes.items():
             if not len(above) < len(key) <= len(above) + self.bs or key[: len(above)] != above:
                 continue

@@ -123,6 +123,15 @@ def test_an_inner_node_is_not_evictable_until_its_last_child_goes(tree: RadixTre
     assert leaves_in_eviction_order(tree) == [11, 13, 10]
 
 
+def test_nothing_is_partly_matched_below_a_tail(tree: RadixTree) -> None:
+    # Found by the state machine below: a full block that starts with a tail's tokens is the
+    # tail's sibling, not its child.
+    tree.insert([0, 0], [10])
+    assert tree.add_tail(-1, [0], 11) == 11
+    assert tree.partial(-1, [0]) == (1, 11)  # 11 is the one touched last
+    assert tree.partial(11, [0]) == (0, -1)
+
+
 def test_extend_hangs_blocks_below_a_node(tree: RadixTree) -> None:
     tree.insert([1, 2, 3, 4], [10, 11])
     assert tree.extend(11, [5, 6, 7, 8], [12, 13]) == [12, 13]
