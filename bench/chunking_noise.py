@@ -17,10 +17,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.engine.test_prefix_cache import chat, hand_over_instead
-
 from tests.engine.conftest import core_config
 from tests.engine.test_core import Driver
+from tests.engine.test_prefix_cache import chat, hand_over_instead
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
 
