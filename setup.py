@@ -32,6 +32,7 @@ setup(
         "tinyserve.frontend.models",
         "tinyserve.frontend.native",
         "tinyserve.frontend.openai",
+        "tinyserve.frontend.prompt",
         "tinyserve.frontend.request",
         "tinyserve.frontend.responses",
         "tinyserve.frontend.structured",

@@ -1,10 +1,10 @@
-"""What the Prometheus metrics cost: per engine loop pass, per request piece, per scrape.
+"""What the Prometheus metrics cost: per engine loop pass, per request update, per scrape.
 
 In one process, against a fresh metrics directory (multiprocess mode, as in a node):
 - an idle engine pass (gauges only) and a busy one (a tick of 8 requests, one token each,
   with a slot grant and a finish), through ``EngineMeter.after_pass`` on a ``TickReport``;
-- one output piece of a request into its ``RequestRecord`` and through ``RequestMeter.took``
-  (a histogram observation);
+- one output update of a request taken into its ``RequestRecord`` (``take``: a histogram
+  observation);
 - ``render()`` of the merged metrics, the work of one ``GET /metrics``.
 
     .venv/bin/python bench/metrics_overhead.py [--passes 20000]
@@ -23,9 +23,7 @@ from tinyserve.engine.meters import EngineMeter
 from tinyserve.engine.report import RULE_ARRIVAL, Batch, Cause, Ended, Grant, Load, TickReport
 from tinyserve.engine.timeline import Timeline
 from tinyserve.frontend.request.generation import Generation
-from tinyserve.frontend.request.meters import RequestMeter
 from tinyserve.frontend.request.record import RequestRecord
-from tinyserve.frontend.request.streams import Piece
 
 
 def per_call_us(fn: Callable[[], None], n: int) -> float:
@@ -78,20 +76,15 @@ def main() -> None:
             meter.after_pass(report)
 
         busy_us = per_call_us(busy, n)
-        record = RequestRecord("/generate", Generation("x", 1, protocol.SamplingParams()))
-        request = RequestMeter(m, record)
-        piece = Piece("x", tokens=1)
-
-        def took() -> None:
-            record.take(piece)
-            request.took(piece)
-
-        piece_us = per_call_us(took, n)
+        generation = Generation("x", 1, protocol.SamplingParams())
+        record = RequestRecord("/generate", generation, metrics.FrontendMetrics.of(m))
+        update = protocol.RequestUpdate(record.request_id, 1, token_ids=[7], text=b"x")
+        piece_us = per_call_us(lambda: record.take(update), n)
         scrape_ms = per_call_us(m.render, 200) / 1000
         size = len(m.render())
     print(f"engine pass, idle (gauges only):        {idle:7.1f} us")
     print(f"engine pass, tick of 8 requests:        {busy_us:7.1f} us")
-    print(f"frontend, one output piece:             {piece_us:7.1f} us")
+    print(f"frontend, one output update:            {piece_us:7.1f} us")
     print(f"GET /metrics render (1 process's files): {scrape_ms:6.2f} ms, {size} bytes")
 
 

@@ -17,9 +17,8 @@ from aiohttp import web
 from tinyserve import metrics
 from tinyserve.config import FRONTEND, Config, notify_socket, watchdog_interval_s
 from tinyserve.errors import TinyServeError
-from tinyserve.frontend.http.app import build_app
-from tinyserve.frontend.http.appkeys import LINK
-from tinyserve.frontend.http.gate import drain_app
+from tinyserve.frontend.http.app import build_app, drain_app
+from tinyserve.frontend.request.state import LINK
 from tinyserve.logs import fields, setup_logging
 from tinyserve.ownership import join_node
 from tinyserve.rundir import prepare_runtime_dir

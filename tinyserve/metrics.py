@@ -17,10 +17,12 @@ frontend merges every process's files, so each frontend returns the node-wide vi
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import shutil
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -186,6 +188,9 @@ class Metrics:
             if role in spec.writer and spec.name not in self._by_name:
                 self._by_name[spec.name] = _make(spec)
 
+    def metric(self, name: str) -> Counter | Gauge | Histogram:
+        return self._by_name[name]
+
     def counter(self, name: str) -> Counter:
         metric = self._by_name[name]
         assert isinstance(metric, Counter), name
@@ -208,6 +213,37 @@ class Metrics:
     def forget_process(self, pid: int) -> None:
         """``pid`` is dead: drop its live gauges (its counters keep counting toward totals)."""
         mark_process_dead(pid, self.directory)  # type: ignore[no-untyped-call]
+
+
+@dataclass(frozen=True)
+class FrontendMetrics:
+    """What a frontend writes, as objects: each field is the metric named ``tinyserve_`` +
+    the field's name, looked up once here, so a site writes through an attribute and a
+    misspelt name fails at start-up, not on the request that reaches it."""
+
+    process: Metrics  # the process's files: rendering, forgetting a dead process
+    http_responses_total: Counter
+    requests_total: Counter
+    admission_rejections_total: Counter
+    constrained_requests_total: Counter
+    cancellations_total: Counter
+    time_to_first_token_seconds: Histogram
+    inter_token_latency_seconds: Histogram
+    request_duration_seconds: Histogram
+    request_prompt_tokens: Histogram
+    request_generation_tokens: Histogram
+    engine_up: Gauge
+    frontend_requests_in_flight: Gauge
+
+    @classmethod
+    def of(cls, process: Metrics) -> FrontendMetrics:
+        """The frontend metrics of ``process`` (``setup(..., FRONTEND)`` created them)."""
+        found: dict[str, Any] = {"process": process}
+        for field in dataclasses.fields(cls)[1:]:
+            metric = process.metric(f"tinyserve_{field.name}")
+            assert type(metric).__name__ == field.type, (field.name, field.type)
+            found[field.name] = metric
+        return cls(**found)
 
 
 # one per process. prometheus-client keeps one file per process and metric type and

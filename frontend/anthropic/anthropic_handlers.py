@@ -16,33 +16,34 @@ import dataclasses
 from aiohttp import web
 
 from tinyserve.frontend.anthropic.anthropic_reply import AnthropicReply
-from tinyserve.frontend.http.appkeys import CHAT_TEMPLATE, CONFIG, TOKENIZER
 from tinyserve.frontend.models.anthropic_replies import TokenCount
 from tinyserve.frontend.models.anthropic_requests import CountTokensRequest, MessagesRequest
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.parse import json_body, parse_body
+from tinyserve.frontend.models.parse import read_body
 from tinyserve.frontend.openai.openai_handlers import chat_generation, check_model
+from tinyserve.frontend.prompt import conversation
 from tinyserve.frontend.request import pipeline
+from tinyserve.frontend.request.state import CHAT_TEMPLATE, CONFIG, TOKENIZER
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
     """Answer a conversation in Anthropic's shapes; JSON or SSE."""
-    req = parse_body(await json_body(request), MessagesRequest, request.app[CONFIG])
+    req = await read_body(request, MessagesRequest, request.app[CONFIG])
     check_model(request, req.model)
-    chat = req.chat_request()
-    generation, prompt_ids, parser = await chat_generation(request, chat)
+    generation, parser = await chat_generation(request, req.chat_request())
     # Thinking stays in the text here until Messages' thinking blocks are served.
     parser = dataclasses.replace(parser, reasoning=None)
     tokenizer = request.app[TOKENIZER]
     reply = AnthropicReply(req.model, tokenizer, parser, generation.sampling.stop)
-    return await pipeline.run(request, generation, reply, prompt_ids)
+    return await pipeline.run(request, generation, reply)
 
 
 async def count_tokens(request: web.Request) -> web.Response:
     """The prompt tokens a Messages request with this conversation is charged: the same
     rendering and tokenization, without generating."""
-    req = parse_body(await json_body(request), CountTokensRequest, request.app[CONFIG])
+    req = await read_body(request, CountTokensRequest, request.app[CONFIG])
     check_model(request, req.model)
-    prompt = req.chat_request().conversation.render(request.app[CHAT_TEMPLATE])
+    chat = req.chat_request()
+    prompt = conversation.render(request.app[CHAT_TEMPLATE], chat, chat.messages)
     prompt_ids = await request.app[TOKENIZER].tokenize_chat(prompt)
     return json_response(TokenCount(input_tokens=len(prompt_ids)))

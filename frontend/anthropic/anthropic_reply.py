@@ -1,4 +1,4 @@
-"""Replies of ``POST /v1/messages``, on ``request.reply_common``'s shared machinery.
+"""Replies of ``POST /v1/messages``.
 
 JSON: a ``Message``. SSE, each event named by its type (Anthropic's stream): ``message_start``;
 per content block ``content_block_start``, its ``content_block_delta``s and
@@ -17,13 +17,14 @@ output's tokens spell one of ``stop_sequences`` where the text stops, else ``end
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel
 
-from tinyserve.frontend.http.api_errors import ApiError
-from tinyserve.frontend.http.appkeys import LINK
+from tinyserve.frontend.link.board_view import NodeLoad
+from tinyserve.frontend.link.streams import RequestStream
 from tinyserve.frontend.models.anthropic_replies import (
     AnthropicUsage,
     ContentBlock,
@@ -44,19 +45,16 @@ from tinyserve.frontend.models.anthropic_replies import (
     ToolUseContent,
 )
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.openai_reply_bodies import FinishReason, ToolCall
+from tinyserve.frontend.models.errors import ApiError
+from tinyserve.frontend.models.openai_replies import FinishReason, ToolCall
 from tinyserve.frontend.models.progress import PromptProgress
 from tinyserve.frontend.openai.chat_output import ChatEvents, collect_ending
-from tinyserve.frontend.openai.openai_reply import openai_finish_error
+from tinyserve.frontend.prompt.tokenizer import Tokenizer
 from tinyserve.frontend.request.record import RequestRecord
-from tinyserve.frontend.request.reply_common import (
-    LoadNow,
-    sse_event,
-    write_sse,
-)
-from tinyserve.frontend.request.streams import Finish, RequestStream
-from tinyserve.frontend.request.tokenizer import Tokenizer
+from tinyserve.frontend.request.sse import sse_event, write_sse
+from tinyserve.frontend.request.state import LINK
 from tinyserve.frontend.structured.reply_parser import ReplyParser
+from tinyserve.protocol import RequestUpdate
 
 ID_PREFIX = "msg_"
 PING = sse_event(Ping(), "ping")
@@ -84,12 +82,12 @@ class AnthropicReply:
     ) -> web.StreamResponse:
         load = request.app[LINK].load
         if record.generation.stream:
-            events = _MessageEvents(self, stream, record, load)
-            return await write_sse(request, record.request_id, events, PING)
-        output, ending = await collect_ending(stream, load, self.parser)
+            events = _MessageEvents(self, record, load)
+            return await write_sse(request, record.request_id, stream, events, PING)
+        whole, ending = await collect_ending(stream, load, self.parser)
         content = [*_text_blocks(ending.text, ending.calls), *map(_tool_use, ending.calls)]
-        stop = await self.stop(ending.reason, output.token_ids)
-        body = self.message(record, content, stop, _usage(record, output.finish, output.tokens))
+        stop = await self.stop(ending.reason, whole.token_ids)
+        body = self.message(record, content, stop, _usage(record, whole))
         return json_response(body, headers={"X-Request-Id": record.request_id})
 
     def message(
@@ -121,8 +119,8 @@ class AnthropicReply:
         return ("stop_sequence", min(found)[1]) if found else ("end_turn", None)
 
 
-def _usage(record: RequestRecord, finish: Finish, output_tokens: int) -> AnthropicUsage:
-    return AnthropicUsage.of(record.prompt_tokens_of(finish), output_tokens, finish.cached_tokens)
+def _usage(record: RequestRecord, end: RequestUpdate) -> AnthropicUsage:
+    return AnthropicUsage.of(record.prompt_tokens_of(end), record.generated, end.cached_tokens)
 
 
 def _text_blocks(text: str, calls: list[ToolCall]) -> list[ContentBlock]:
@@ -142,9 +140,9 @@ class _MessageEvents(ChatEvents):
     """The events of a streamed reply: blocks as the text comes, tool uses at the end."""
 
     def __init__(
-        self, reply: AnthropicReply, stream: RequestStream, record: RequestRecord, load: LoadNow
+        self, reply: AnthropicReply, record: RequestRecord, load: Callable[[], NodeLoad | None]
     ) -> None:
-        super().__init__(reply.parser, stream, record, load)
+        super().__init__(reply.parser, record, load)
         self._reply = reply
         self._blocks = 0  # content blocks started
         self._text_open = False  # the last block started is text, not stopped yet
@@ -177,11 +175,8 @@ class _MessageEvents(ChatEvents):
         self._text_open = False
         return event(ContentBlockStop(index=self._blocks - 1))
 
-    async def end(self, finish: Finish) -> list[bytes]:
-        error = openai_finish_error(finish, self.load())
-        if error is not None:
-            return [self.failure(error)]
-        ending = self.output.end(finish)
+    async def end(self, end: RequestUpdate) -> list[bytes]:
+        ending = self.output.end(end)
         events = self.text(ending.text)
         if not self._blocks and not ending.calls:
             events.append(self._start(TextContent(text="")))
@@ -193,6 +188,6 @@ class _MessageEvents(ChatEvents):
             delta = InputJsonDelta(partial_json=call.function.arguments)
             events += [event(ContentBlockDelta(index=self._blocks - 1, delta=delta)), self._stop()]
         reason, sequence = await self._reply.stop(ending.reason, self.token_ids)
-        usage = _usage(self.record, finish, self.tokens)
+        usage = _usage(self.record, end)
         stop = StopInfo(stop_reason=reason, stop_sequence=sequence)
         return [*events, event(MessageDelta(delta=stop, usage=usage)), event(MessageStop())]

@@ -24,10 +24,10 @@ from aiohttp import web
 
 from tinyserve import protocol
 from tinyserve.frontend.dashboard.hub import FEED_HUB, RENEW_S, Viewer, sse_frame
-from tinyserve.frontend.http.api_errors import ApiError
-from tinyserve.frontend.http.appkeys import CLIENT, LINK
-from tinyserve.frontend.http.gate import GATE
-from tinyserve.frontend.request.reply_common import KEEPALIVE, SSE_HEADERS, engine_unavailable
+from tinyserve.frontend.models.errors import NOT_FOUND, ApiError
+from tinyserve.frontend.request.admission import serving
+from tinyserve.frontend.request.sse import KEEPALIVE, SSE_HEADERS
+from tinyserve.frontend.request.state import CLIENT, GATE, LINK
 
 WRITE_TIMEOUT_S = 5.0  # a viewer whose socket takes no more bytes for this long is gone
 END_DRAINING = "draining"
@@ -70,7 +70,7 @@ async def dashboard_asset(request: web.Request) -> web.Response:
     name = request.match_info["asset"]
     content_type = ASSETS.get(name)
     if content_type is None:
-        raise ApiError(404, "not_found", f"no dashboard file {name!r}")
+        raise ApiError(404, NOT_FOUND, f"no dashboard file {name!r}")
     return web.Response(
         body=static_file(name), content_type=content_type, charset="utf-8", headers=PAGE_HEADERS
     )
@@ -79,9 +79,7 @@ async def dashboard_asset(request: web.Request) -> web.Response:
 async def events(request: web.Request) -> web.StreamResponse:
     """The node's scheduling state as server-sent events, from the engine's feed."""
     app = request.app
-    ack = app[LINK].ack
-    if ack is None:
-        raise engine_unavailable()
+    ack = serving(app[LINK])
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
     hello = {

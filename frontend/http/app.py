@@ -15,31 +15,32 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from tinyserve import metrics
 from tinyserve.config import Config
 from tinyserve.frontend.dashboard.hub import FEED_HUB, FeedHub
-from tinyserve.frontend.http.api_errors import error_middleware
-from tinyserve.frontend.http.appkeys import (
-    CHAT_TEMPLATE,
-    CLIENT,
-    CONFIG,
-    LINK,
-    METRICS,
-    TOKENIZER,
-    TRACING,
-)
-from tinyserve.frontend.http.auth import ApiKeys, auth_middleware
-from tinyserve.frontend.http.gate import GATE, Gate
-from tinyserve.frontend.http.metrics_route import http_middleware
+from tinyserve.frontend.http.auth import ApiKeys
+from tinyserve.frontend.http.middlewares import middlewares
 from tinyserve.frontend.http.routes import add_routes
 from tinyserve.frontend.link.engine_client import EngineClient
 from tinyserve.frontend.link.engine_link import EngineLink
-from tinyserve.frontend.link.link_meter import LinkMeter
-from tinyserve.frontend.openai.chat_template import ChatTemplate
-from tinyserve.frontend.request.tokenizer import Tokenizer
+from tinyserve.frontend.prompt.chat_template import ChatTemplate
+from tinyserve.frontend.prompt.tokenizer import Tokenizer
+from tinyserve.frontend.request.gate import Gate
+from tinyserve.frontend.request.sampling_defaults import sampling_defaults
+from tinyserve.frontend.request.state import (
+    CHAT_TEMPLATE,
+    CLIENT,
+    CONFIG,
+    GATE,
+    LINK,
+    METRICS,
+    SAMPLING_DEFAULTS,
+    TOKENIZER,
+    TRACING,
+)
 from tinyserve.logs import fields
+from tinyserve.metrics import FrontendMetrics
 from tinyserve.rundir import prepare_runtime_dir
 from tinyserve.tracing import Tracing
 
@@ -51,26 +52,35 @@ def build_app(config: Config, tracing: Tracing | None = None) -> web.Application
     ``TinyServeError`` for an unsafe runtime dir or an unreadable key file."""
     prepare_runtime_dir(config.runtime_dir)
     keys = ApiKeys.of_config(config)
-    process_metrics = metrics.setup(config.runtime_dir, metrics.FRONTEND)  # one per process
-    # Outermost the response counter (it sees the status actually sent), then the error
-    # middleware, so every refusal below gets the same JSON shape as any error; the key check
-    # before the limits, so requests without a key take no in-flight slot.
-    middlewares: list[Middleware] = [http_middleware(process_metrics), error_middleware]
-    if keys.enabled:
-        middlewares.append(auth_middleware(keys, config))
+    # One per process (metrics.setup), built before any metric value exists.
+    meters = FrontendMetrics.of(metrics.setup(config.runtime_dir, metrics.FRONTEND))
     gate = Gate(config.max_connections)
-    middlewares.append(gate.middleware())
-    app = web.Application(middlewares=middlewares, client_max_size=config.max_body_bytes)
+    app = web.Application(
+        middlewares=middlewares(meters, keys, config, gate), client_max_size=config.max_body_bytes
+    )
     app[CONFIG] = config
     app[TRACING] = tracing or Tracing()  # the caller owns it (and flushes it at exit)
     app[GATE] = gate
-    app[METRICS] = process_metrics
+    app[METRICS] = meters
     app[FEED_HUB] = FeedHub()
     app.cleanup_ctx.append(_tokenizer_ctx)
     app.cleanup_ctx.append(_engine_ctx)
     app.on_response_prepare.append(_stamp_frontend)
     add_routes(app)
     return app
+
+
+async def drain_app(app: web.Application, timeout_s: float) -> None:
+    """Refuse new requests now and wait up to ``timeout_s`` for those in progress; streams
+    still open after that end with an error event (their handlers then cancel them in the
+    engine)."""
+    gate = app[GATE]
+    gate.begin_drain()
+    log.info("draining", extra=fields(in_progress=gate.in_progress, timeout_s=timeout_s))
+    if await gate.wait_idle(timeout_s):
+        return
+    log.warning("drain timeout: ending open streams", extra=fields(open=gate.in_progress))
+    app[CLIENT].fail_all("frontend shutting down: drain timeout reached")
 
 
 async def _stamp_frontend(_request: web.Request, response: web.StreamResponse) -> None:
@@ -80,15 +90,17 @@ async def _stamp_frontend(_request: web.Request, response: web.StreamResponse) -
 
 async def _tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
     tokenizer = await Tokenizer.load(app[CONFIG])
+    facts = tokenizer.facts
     app[TOKENIZER] = tokenizer
-    app[CHAT_TEMPLATE] = ChatTemplate.of_model(tokenizer.facts)
+    app[CHAT_TEMPLATE] = ChatTemplate.of_model(facts)
+    app[SAMPLING_DEFAULTS] = sampling_defaults(app[CONFIG], facts.sampling_metadata)
     yield
     tokenizer.close()
 
 
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     client = EngineClient(app[CONFIG])
-    link = EngineLink(app[CONFIG], client, LinkMeter(app[METRICS]))
+    link = EngineLink(app[CONFIG], client, app[METRICS])
     app[CLIENT], app[LINK] = client, link
     log.info("frontend id", extra=fields(frontend_id=client.frontend_id))
     tasks = [_task(client.listen(), "engine-listener"), _task(link.run(), "engine-link")]

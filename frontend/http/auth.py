@@ -5,24 +5,20 @@ Keys come from ``--api-key`` (repeatable; ``TINYSERVE_API_KEY=a,b``) and ``--api
 (one key per line, ``#`` comments and blank lines ignored). No key configured: no check.
 A presented key is hashed and compared with every configured key's hash in constant time,
 with no early exit, so neither timing nor the reply tells which key (or which part) was wrong.
-A refused request gets a 401 with ``WWW-Authenticate: Bearer`` in the error shape of its path.
+A refused request gets a 401 with ``WWW-Authenticate: Bearer`` in the error shape of its path
+(the check itself is ``http.middlewares``').
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from tinyserve.config import Config
 from tinyserve.errors import TinyServeError
-from tinyserve.frontend.http.api_errors import ApiError, Handler
-from tinyserve.logs import RateLimitedLog
-
-log = logging.getLogger(__name__)
+from tinyserve.frontend.models.errors import ApiError
 
 # Probes and the API description stay reachable without a key: they reveal no data.
 OPEN_PATHS = frozenset({"/health", "/ready", "/openapi.json"})
@@ -116,19 +112,3 @@ def needs_key(path: str, config: Config) -> bool:
     if is_open(path):
         return False
     return path != METRICS_PATH or config.metrics_auth
-
-
-def auth_middleware(keys: ApiKeys, config: Config) -> Middleware:
-    """A middleware that refuses requests without an accepted key."""
-    refused = RateLimitedLog(log)
-
-    @web.middleware
-    async def check_key(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if needs_key(request.path, config):
-            token = presented_key(request)
-            if token is None or not keys.accepts(token):
-                refused.warning("refused request without a valid API key", path=request.path)
-                raise unauthorized()
-        return await handler(request)
-
-    return check_key

@@ -19,15 +19,14 @@ from pydantic import BaseModel, Field, RootModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, models_json_schema
 from pydantic_core import core_schema
 
-from tinyserve.frontend.dashboard import models as dashboard
-from tinyserve.frontend.http.appkeys import CONFIG
 from tinyserve.frontend.http.auth import is_open
 from tinyserve.frontend.models import (
     anthropic_replies,
     anthropic_requests,
     chat,
+    feed,
     native,
-    openai_reply_bodies,
+    openai_replies,
     openai_requests,
     responses_replies,
     responses_requests,
@@ -35,6 +34,7 @@ from tinyserve.frontend.models import (
 )
 from tinyserve.frontend.models.common import limited
 from tinyserve.frontend.models.errors import AnthropicError, Error, OpenAIError
+from tinyserve.frontend.request.state import CONFIG
 
 OPENAPI_VERSION = "3.1.0"
 BEARER = "bearer"  # the security schemes of the API keys: a bearer token, or x-api-key
@@ -76,16 +76,16 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/health", "200 while the process runs", native.Status),
     Operation("get", "/ready", "200 once an engine serves this frontend", native.Status,
               errors=(503,)),
-    Operation("get", "/v1/models", "The served model", openai_reply_bodies.ModelList, errors=(503,),
+    Operation("get", "/v1/models", "The served model", openai_replies.ModelList, errors=(503,),
               error_schema=OpenAIError),
     Operation("get", "/v1/models/{model}", "The served model, by its id",
-              openai_reply_bodies.Model, errors=(404, 503), error_schema=OpenAIError),
-    Operation("post", "/v1/completions", "OpenAI completions", openai_reply_bodies.Completion,
-              openai_requests.CompletionRequest, openai_reply_bodies.CompletionChunk,
+              openai_replies.Model, errors=(404, 503), error_schema=OpenAIError),
+    Operation("post", "/v1/completions", "OpenAI completions", openai_replies.Completion,
+              openai_requests.CompletionRequest, openai_replies.CompletionChunk,
               _GENERATION_ERRORS, OpenAIError, done=True),
     Operation("post", "/v1/chat/completions", "OpenAI chat completions",
-              openai_reply_bodies.ChatCompletion, chat.ChatCompletionRequest,
-              openai_reply_bodies.ChatCompletionChunk, _GENERATION_ERRORS, OpenAIError,
+              openai_replies.ChatCompletion, chat.ChatCompletionRequest,
+              openai_replies.ChatCompletionChunk, _GENERATION_ERRORS, OpenAIError,
               done=True),
     Operation("post", "/v1/responses", "OpenAI Responses, stateless (events named by their "
               "type)", responses_replies.Response, responses_requests.ResponsesRequest,
@@ -108,12 +108,12 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/metrics", "Prometheus metrics of the whole node (engine and every "
               "frontend)", MetricsText, media="text/plain"),
     Operation("get", "/v1/events", "The node's scheduling state, live (server-sent events: "
-              "hello, then update at most 10 a second, end)", dashboard.FeedEvent,
+              "hello, then update at most 10 a second, end)", feed.FeedEvent,
               errors=(503,), error_schema=OpenAIError, media=SSE),
-    Operation("get", "/dashboard", "The live scheduler dashboard (HTML)", dashboard.Page,
+    Operation("get", "/dashboard", "The live scheduler dashboard (HTML)", feed.Page,
               media="text/html"),
     Operation("get", "/dashboard/{asset}", "The dashboard's script and style sheet",
-              dashboard.Asset, errors=(404,), media="text/plain"),
+              feed.Asset, errors=(404,), media="text/plain"),
 )  # fmt: skip
 
 _ERROR_TEXT = {

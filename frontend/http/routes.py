@@ -8,10 +8,9 @@ from aiohttp import web
 
 from tinyserve.frontend.anthropic.anthropic_handlers import count_tokens, messages
 from tinyserve.frontend.dashboard.handlers import dashboard_asset, dashboard_page, events
-from tinyserve.frontend.http.api_errors import Handler
-from tinyserve.frontend.http.metrics_route import metrics_handler
+from tinyserve.frontend.http.middlewares import Handler
 from tinyserve.frontend.http.openapi_document import openapi_json
-from tinyserve.frontend.native.native_handlers import generate, health, ready
+from tinyserve.frontend.native.native_handlers import generate, health, metrics, ready
 from tinyserve.frontend.native.request_timeline import request_timeline
 from tinyserve.frontend.openai.openai_handlers import (
     chat_completions,
@@ -48,7 +47,7 @@ ROUTES = (
     Route("POST", "/detokenize", detokenize),
     Route("GET", "/tokenizer_info", tokenizer_info),
     Route("GET", "/openapi.json", openapi_json),
-    Route("GET", "/metrics", metrics_handler),
+    Route("GET", "/metrics", metrics),
     Route("GET", "/v1/events", events),
     Route("GET", "/dashboard", dashboard_page),
     Route("GET", "/dashboard/{asset}", dashboard_asset),

@@ -1,7 +1,8 @@
 """The frontend's read of the shared-memory board, as plain values.
 
 Everything the frontend knows about ``tinyserve_native.board`` is in this module: opening the
-file, and turning a snapshot into an ``EngineView`` (liveness) and an ``admission.Load``.
+file, and turning a snapshot into an ``EngineView`` (liveness) and a ``NodeLoad``; with the
+engine's ``Limits`` (from its ``HelloAck``) that is what admission decides on.
 """
 
 from __future__ import annotations
@@ -10,11 +11,35 @@ import os
 from dataclasses import dataclass
 
 from tinyserve import protocol
-from tinyserve.frontend.request.admission import Load
 from tinyserve.procs import pid_alive
 from tinyserve_native.board import FRONTEND_ID_MAX, Board, BoardError
 
 HEARTBEAT_TIMEOUT_NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Fixed facts of one engine incarnation, from its ``HelloAck``."""
+
+    max_queue: int
+    n_ctx: int  # one slot's cells: the most a request may fill
+    slots: int = 0
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    """The node's load right now: the engine's board figures plus every frontend's pending
+    requests (sent to the engine, not yet accepted or finished)."""
+
+    waiting: int
+    running: int
+    drain_rate: float  # requests leaving the engine per second of work (engine/drain.py)
+    pending_requests: int = 0
+    draining: bool = False
+
+
+# Stand-in when the board cannot be read: nothing known to be queued, no drain rate.
+IDLE_LOAD = NodeLoad(waiting=0, running=0, drain_rate=0.0)
 
 
 @dataclass(frozen=True)
@@ -68,11 +93,11 @@ def linked_frontends(board: Board) -> int:
     return sum(1 for slot in board.frontend_slots() if pid_alive(slot.pid))
 
 
-def load_of(board: Board) -> Load:
+def load_of(board: Board) -> NodeLoad:
     """The node's load for admission: engine figures plus every frontend's pending requests."""
     snap = board.snapshot()
     _, pending_requests = board.pending_totals()
-    return Load(
+    return NodeLoad(
         waiting=snap.waiting,
         running=snap.running,
         drain_rate=snap.drain_rate,
@@ -86,6 +111,8 @@ __all__ = [
     "Board",
     "BoardError",
     "EngineView",
+    "Limits",
+    "NodeLoad",
     "engine_view",
     "linked_frontends",
     "load_of",

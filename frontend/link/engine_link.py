@@ -24,11 +24,11 @@ from collections.abc import Callable
 from tinyserve import protocol
 from tinyserve.config import Config
 from tinyserve.frontend.link import board_view
-from tinyserve.frontend.link.board_view import Board, BoardError, EngineView
+from tinyserve.frontend.link.board_view import Board, BoardError, EngineView, Limits, NodeLoad
 from tinyserve.frontend.link.engine_client import EngineClient
-from tinyserve.frontend.link.link_meter import LinkMeter
-from tinyserve.frontend.request.admission import Limits, Load
 from tinyserve.logs import fields
+from tinyserve.metrics import FrontendMetrics
+from tinyserve.procs import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,13 @@ class EngineLink:
     """Tracks whether an engine is serving this frontend, and which one."""
 
     def __init__(
-        self, config: Config, client: EngineClient, meter: LinkMeter | None = None
+        self, config: Config, client: EngineClient, metrics: FrontendMetrics | None = None
     ) -> None:
         self._config = config
-        self._meter = meter
+        self._metrics = metrics
+        if metrics is not None:
+            metrics.engine_up.set(0)
+            metrics.frontend_requests_in_flight.set(0)
         self._client = client
         client.on_pending_change = self.publish
         self._board: Board | None = None
@@ -86,7 +89,7 @@ class EngineLink:
             return f"{linked} of {wanted} frontends linked to the engine"
         return None
 
-    def load(self) -> Load | None:
+    def load(self) -> NodeLoad | None:
         """The node's current load from the board, None while not serving or unreadable."""
         if self._board is None or not self.serving.is_set():
             return None
@@ -208,8 +211,9 @@ class EngineLink:
             reason = self._down_reason(self.ack.engine_started_ns)
             if reason is not None:
                 return reason
-            if self._meter is not None:
-                self._meter.serving(self._client.in_flight)
+            if self._metrics is not None:
+                self._metrics.engine_up.set(1)
+                self._metrics.frontend_requests_in_flight.set(self._client.in_flight)
             await asyncio.sleep(TICK_S)
 
     def _down_reason(self, started_ns: int) -> str | None:
@@ -227,8 +231,12 @@ class EngineLink:
         """Stop serving: every request in flight on the lost engine ends now."""
         was_serving = self.serving.is_set()
         self.serving.clear()
-        if self._meter is not None:
-            self._meter.lost(self.ack.engine_pid if self.ack else None)
+        if self._metrics is not None:
+            self._metrics.engine_up.set(0)
+            self._metrics.frontend_requests_in_flight.set(0)
+            engine_pid = self.ack.engine_pid if self.ack else None
+            if engine_pid and not pid_alive(engine_pid):  # its live gauges go, counters stay
+                self._metrics.process.forget_process(engine_pid)
         self.ack = None
         if was_serving:
             level = logging.INFO if expected else logging.ERROR

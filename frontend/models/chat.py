@@ -2,19 +2,17 @@
 
 Roles: system, user, assistant, tool, and ``developer`` (OpenAI's newer name for system)
 taken as system. Content: a string, or a list of text parts joined by newlines; other part
-types are 400s. Tools, tool calls and tool results go to a template with its own tool syntax
-as Hugging Face passes them, and to any other in the generic format (``structured.tool_calls``).
+types are 400s. How messages, tools, tool calls and tool results reach the chat template is
+``prompt.conversation``'s.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic.config import JsonDict
 
-from tinyserve.config import Config
 from tinyserve.frontend.models.common import (
     IGNORED,
     RULE,
@@ -29,13 +27,6 @@ from tinyserve.frontend.models.common import (
 from tinyserve.frontend.models.fields import OutputLength
 from tinyserve.frontend.models.openai_requests import STREAM_RULE, LogprobCount, OpenAIRequest
 from tinyserve.frontend.models.tools import NamedToolChoice, Tool, ToolCallIn, ToolChoice
-from tinyserve.frontend.openai.chat_template import ChatMessage as TemplateMessage
-from tinyserve.frontend.openai.chat_template import ChatTemplate
-from tinyserve.frontend.request.generation import Generation
-from tinyserve.frontend.request.tokenizer import ChatPrompt
-from tinyserve.frontend.structured import tool_calls
-from tinyserve.frontend.structured.constraints import Constraint
-from tinyserve.frontend.structured.reply_parser import ReplyParser
 
 
 class TextPart(Body):
@@ -106,23 +97,11 @@ class ChatMessage(Body):
             raise cross_field("tool_call_id", "a tool message needs 'tool_call_id'")
         return self
 
-    def for_template(self, own_tools: bool = False) -> TemplateMessage:
-        """This message as the chat template takes it: tool calls and results as they are
-        for a template with ``own_tools`` syntax, else in the generic format (a call in the
-        text, a tool's result a user message)."""
+    @property
+    def text(self) -> str:
+        """The content as one text: parts joined by newlines, none as empty."""
         content = self.content or ""
-        text = content if isinstance(content, str) else "\n".join(p.text for p in content)
-        role = "system" if self.role == "developer" else self.role
-        calls = self.tool_calls or []
-        if own_tools:
-            call_dicts = tuple(tool_calls.template_call(call) for call in calls)
-            return TemplateMessage(role, text, self.name, call_dicts, self.tool_call_id)
-        if self.role == "tool":
-            return TemplateMessage("user", tool_calls.response_text(text), self.name)
-        if calls:
-            written = "\n".join(tool_calls.call_text(call) for call in calls)
-            text = f"{text}\n{written}" if text else written
-        return TemplateMessage(role, text, self.name)
+        return content if isinstance(content, str) else "\n".join(p.text for p in content)
 
 
 # Not in the document, checked here (the fields' descriptions say them): max_tokens and
@@ -174,14 +153,34 @@ class ConversationFields(Request):
         "required, or a named function (one of tools); anything but none needs tools",
     )
 
-    def conversation_of(self, messages: list[ChatMessage]) -> Conversation:
-        return Conversation(
-            messages,
-            self.add_generation_prompt,
-            self.continue_final_message,
-            self.tools,
-            self.tool_choice,
-        )
+    @property
+    def calls_tools(self) -> bool:
+        """The reply may be tool calls: tools offered, and ``tool_choice`` not none."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def ends_with_generation_prompt(self) -> bool:
+        """``add_generation_prompt`` with its default resolved."""
+        if self.add_generation_prompt is None:
+            return not self.continue_final_message
+        return self.add_generation_prompt
+
+    def check_conversation(self, messages: list[ChatMessage]) -> None:
+        """The rules across these fields and ``messages`` the document does not say (400s)."""
+        if self.continue_final_message and self.add_generation_prompt:
+            message = "'continue_final_message' and 'add_generation_prompt' exclude each other"
+            raise cross_field("add_generation_prompt", message)
+        if self.continue_final_message and messages[-1].role != "assistant":
+            message = "'continue_final_message' needs a final message from the assistant"
+            raise cross_field("continue_final_message", message)
+        choice = self.tool_choice
+        if choice not in (None, "none") and not self.tools:
+            raise cross_field("tool_choice", "'tool_choice' needs 'tools'")
+        names = [tool.function.name for tool in self.tools]
+        if len(set(names)) != len(names):
+            raise cross_field("tools", "'tools' names a function twice")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise cross_field("tool_choice", f"no tool is named {choice.function.name!r}")
 
 
 class ChatCompletionRequest(OpenAIRequest, ConversationFields):
@@ -223,109 +222,10 @@ class ChatCompletionRequest(OpenAIRequest, ConversationFields):
         if new is not None and old is not None and new != old:
             message = "'max_tokens' and 'max_completion_tokens' differ"
             raise cross_field("max_completion_tokens", message)
-        self.conversation.check()
+        self.check_conversation(self.messages)
         if self.calls_tools and not self.text_format:
             raise cross_field("response_format", "'response_format' excludes 'tools'")
         if self.grammar and self.calls_tools and self.tool_choice not in (None, "auto"):
             message = "'grammar' replaces the tools' grammar of tool_choice auto only"
             raise cross_field("grammar", message)
         return self
-
-    @property
-    def conversation(self) -> Conversation:
-        return self.conversation_of(self.messages)
-
-    @property
-    def calls_tools(self) -> bool:
-        """The reply may be tool calls: tools offered, and ``tool_choice`` not none."""
-        return self.conversation.calls_tools
-
-    def reply_constraint(self, parser: ReplyParser) -> Constraint:
-        """The request's ``grammar``, else the grammar of a reply that may call tools (in the
-        syntax ``parser`` reads), else the ``response_format``'s; those built here begin as
-        ``parser`` says (``ReplyParser.grammar_prefix``)."""
-        if self.grammar or not self.calls_tools:
-            constraint = self.constraint()
-        else:
-            assert parser.tools is not None, "the parser of a reply that may call tools"
-            choice = self.tool_choice or "auto"
-            parallel = self.parallel_tool_calls
-            grammar = tool_calls.tools_grammar(self.tools, choice, parallel, parser.tools)
-            constraint = Constraint("tools", grammar=grammar, tools=True)
-        return replace(constraint, prefix=parser.grammar_prefix)
-
-    def generation(self, config: Config) -> Generation:
-        """The request with every default resolved; the prompt is empty until the messages
-        are rendered."""
-        max_tokens = self.max_completion_tokens or self.max_tokens or config.default_max_tokens
-        logprobs = (self.top_logprobs or 0) if self.logprobs else -1
-        return self.resolved(
-            prompt="", prompt_field="messages", max_tokens=max_tokens, logprobs=logprobs
-        )
-
-
-@dataclass(frozen=True)
-class Conversation:
-    """What a chat template renders, as chat completions and ``/tokenize`` both take it."""
-
-    messages: list[ChatMessage]
-    add_generation_prompt: bool | None
-    continue_final_message: bool
-    tools: list[Tool]
-    tool_choice: ToolChoice | None
-
-    def check(self) -> None:
-        """The rules across these fields that the document does not say (400s)."""
-        if self.continue_final_message and self.add_generation_prompt:
-            message = "'continue_final_message' and 'add_generation_prompt' exclude each other"
-            raise cross_field("add_generation_prompt", message)
-        if self.continue_final_message and self.messages[-1].role != "assistant":
-            message = "'continue_final_message' needs a final message from the assistant"
-            raise cross_field("continue_final_message", message)
-        choice = self.tool_choice
-        if choice not in (None, "none") and not self.tools:
-            raise cross_field("tool_choice", "'tool_choice' needs 'tools'")
-        names = [tool.function.name for tool in self.tools]
-        if len(set(names)) != len(names):
-            raise cross_field("tools", "'tools' names a function twice")
-        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
-            raise cross_field("tool_choice", f"no tool is named {choice.function.name!r}")
-
-    @property
-    def calls_tools(self) -> bool:
-        """Tools are offered: ``tool_choice`` is not none."""
-        return bool(self.tools) and self.tool_choice != "none"
-
-    @property
-    def ends_with_generation_prompt(self) -> bool:
-        """``add_generation_prompt`` with its default resolved."""
-        if self.add_generation_prompt is None:
-            return not self.continue_final_message
-        return self.add_generation_prompt
-
-    def render(self, template: ChatTemplate) -> ChatPrompt:
-        """The prompt: ``template`` applied as these fields say, given the tools itself when
-        it has its own tool syntax."""
-        own_tools = template.tool_syntax.own
-        tools = None
-        if own_tools and self.calls_tools:
-            tools = [tool.model_dump(exclude_unset=True) for tool in self.tools]
-        return template.render(
-            self.template_messages(own_tools),
-            tools=tools,
-            add_generation_prompt=self.ends_with_generation_prompt,
-            continue_final_message=self.continue_final_message,
-        )
-
-    def template_messages(self, own_tools: bool = False) -> list[TemplateMessage]:
-        """The messages as the chat template takes them: as they are for a template with its
-        ``own_tools`` syntax, else in the generic format, the tools described in a system
-        message (added to the first one when there is one)."""
-        messages = [message.for_template(own_tools) for message in self.messages]
-        if own_tools or not self.calls_tools:
-            return messages
-        offer = tool_calls.tools_prompt(self.tools, self.tool_choice or "auto")
-        if messages[0].role == "system":
-            first = messages[0]
-            return [replace(first, content=f"{first.content}\n\n{offer}"), *messages[1:]]
-        return [TemplateMessage("system", offer), *messages]

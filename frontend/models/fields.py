@@ -4,7 +4,6 @@ of every generation request (``/generate``'s and the OpenAI requests')."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field
@@ -19,8 +18,7 @@ from tinyserve.frontend.models.common import (
     expect,
 )
 from tinyserve.frontend.models.progress import RETURN_PROGRESS_TEXT
-from tinyserve.frontend.request.generation import Generation
-from tinyserve.protocol import TENANT_PATTERN, TENANT_TEXT, SamplingParams
+from tinyserve.protocol import TENANT_PATTERN, TENANT_TEXT
 
 # OpenAI allows 4; lm-evaluation-harness sends a task's `until` strings plus the EOS text, often
 # more (vLLM and llama.cpp's server set no limit). Each costs the engine a scan per token.
@@ -84,10 +82,6 @@ MAX_TOKENS_TEXT = (
 )
 
 
-_SAMPLING = {field.name for field in dataclasses.fields(SamplingParams)}
-_GENERATION = {field.name for field in dataclasses.fields(Generation)} | _SAMPLING
-
-
 class Sampling(Request):
     """Sampling and scheduling fields of every generation request."""
 
@@ -120,14 +114,3 @@ class Sampling(Request):
         description="finish within this many ms of arrival, else end with deadline_missed "
         "(--policy deadline also admits the earliest deadline first)",
     )
-
-    def resolved(self, **overrides: Any) -> Generation:
-        """The request with every default resolved: each field ``Generation`` has too, by
-        name, then ``overrides``."""
-        fields = type(self).model_fields
-        values = {name: getattr(self, name) for name in _GENERATION if name in fields}
-        values |= overrides
-        if "logit_bias" in values:  # JSON keys are strings; the engine's are token ids
-            values["logit_bias"] = {int(k): v for k, v in values["logit_bias"].items()}
-        sampling = SamplingParams(**{name: values.pop(name) for name in _SAMPLING & set(values)})
-        return Generation(sampling=sampling, **values)

@@ -11,14 +11,11 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
-from tinyserve.config import Config
 from tinyserve.frontend.models.common import Reply, Text, cross_field, expect, is_none, schema_rule
 from tinyserve.frontend.models.errors import ErrorDetail
 from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, OutputLength, Sampling
 from tinyserve.frontend.models.openai_requests import LogprobCount
 from tinyserve.frontend.models.progress import PromptProgress
-from tinyserve.frontend.request.generation import Generation
-from tinyserve.frontend.structured.constraints import Constraint
 
 
 class GenerateRequest(Sampling):
@@ -50,20 +47,6 @@ class GenerateRequest(Sampling):
         if self.grammar and self.json_schema is not None:
             raise cross_field("json_schema", "'grammar' and 'json_schema' exclude each other")
         return self
-
-    def generation(self, config: Config) -> Generation:
-        """The request with every default resolved."""
-        prompt_logprobs = -1 if self.prompt_logprobs is None else self.prompt_logprobs
-        return self.resolved(
-            max_tokens=self.max_tokens or config.default_max_tokens,
-            prompt_logprobs=prompt_logprobs,
-        )
-
-    def constraint(self) -> Constraint:
-        """What the output must follow: ``grammar`` or ``json_schema`` (or nothing)."""
-        if self.json_schema is not None:
-            return Constraint("json_schema", schema=self.json_schema)
-        return Constraint("grammar", grammar=self.grammar)
 
 
 # -- replies -------------------------------------------------------------------------------------

@@ -11,14 +11,11 @@ chat ``add_generation_prompt`` / ``continue_final_message``.
 
 from __future__ import annotations
 
-import hashlib
-import re
 from typing import Annotated, Any, Self
 
 from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
 
-from tinyserve.config import Config
 from tinyserve.frontend.models.common import (
     IGNORED,
     INTEGRAL,
@@ -38,16 +35,15 @@ from tinyserve.frontend.models.fields import (
     Temperature,
 )
 from tinyserve.frontend.models.response_format import ResponseFormat
-from tinyserve.frontend.request.generation import Generation
-from tinyserve.frontend.structured.constraints import Constraint, response_format_constraint
-from tinyserve.protocol import TENANT_PATTERN
 
-MAX_LOGPROBS = 5
+# Alternatives per token the API takes (OpenAI's completions allow 5); the engine would
+# take up to protocol.MAX_TOP_LOGPROBS.
+MAX_ALTERNATIVES = 5
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; /generate's is 0 (greedy)
 
 MAX_CHOICES = 16  # n, and prompts x n on /v1/completions
 ChoiceCount = Annotated[int, Integer(1, MAX_CHOICES)]
-LogprobCount = Annotated[int, Integer(0, MAX_LOGPROBS)]
+LogprobCount = Annotated[int, Integer(0, MAX_ALTERNATIVES)]
 ModelId = Annotated[Text, Field(min_length=1), expect("the id that GET /v1/models lists")]
 
 
@@ -104,31 +100,10 @@ class OpenAIRequest(Sampling):
         """``response_format`` leaves the output free (absent, or text)."""
         return self.response_format is None or self.response_format.type == "text"
 
-    def constraint(self) -> Constraint:
-        """What the output must follow: ``grammar``, else the ``response_format``."""
-        if self.grammar:
-            return Constraint("grammar", grammar=self.grammar)
-        return response_format_constraint(self.response_format)
-
     @property
     def include_usage(self) -> bool:
         """The stream ends with a usage chunk."""
         return self.stream_options is not None and bool(self.stream_options.include_usage)
-
-    def resolved(self, **overrides: Any) -> Generation:
-        if "tenant" not in self.model_fields_set:
-            overrides["tenant"] = _tenant_of_user(self.user)
-        return super().resolved(**overrides)
-
-
-def _tenant_of_user(user: str) -> str:
-    """``user`` as the scheduling tenant: as it is when it is a valid tenant name, else a
-    stable hash of it (OpenAI suggests hashed e-mail addresses and the like)."""
-    if not user:
-        return "default"
-    if re.fullmatch(TENANT_PATTERN, user):
-        return user
-    return "user-" + hashlib.sha256(user.encode("utf-8")).hexdigest()[:16]
 
 
 # -- completions ---------------------------------------------------------------------------------
@@ -208,17 +183,3 @@ class CompletionRequest(OpenAIRequest):
         if self.stream and self.echo:
             raise cross_field("echo", "'echo' does not stream: the reply is one JSON object")
         return self
-
-    def generation(self, config: Config) -> Generation:
-        """The request with every default resolved; the prompt is the text of a call with one
-        text prompt, else empty (each of ``prompt`` is tokenized on its own)."""
-        logprobs = -1 if self.logprobs is None else self.logprobs
-        max_tokens = config.default_max_tokens if self.max_tokens is None else self.max_tokens
-        prompt_logprobs = logprobs if self.echo else -1
-        [one] = self.prompt if len(self.prompt) == 1 else [None]
-        return self.resolved(
-            prompt=one if isinstance(one, str) else "",
-            max_tokens=max_tokens,
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-        )

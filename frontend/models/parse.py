@@ -18,14 +18,13 @@ from aiohttp import hdrs, web
 from pydantic import BaseModel, ValidationError
 
 from tinyserve.config import Config
-from tinyserve.frontend.http.api_errors import (
+from tinyserve.frontend.models.common import CROSS_FIELD, UNSUPPORTED, limited
+from tinyserve.frontend.models.errors import (
     REQUEST_TIMEOUT,
     UNSUPPORTED_MEDIA_TYPE,
     ApiError,
     invalid,
 )
-from tinyserve.frontend.http.appkeys import CONFIG
-from tinyserve.frontend.models.common import CROSS_FIELD, UNSUPPORTED, limited
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -38,7 +37,12 @@ _SUBJECT = re.compile(r"^\w+ should")
 _NOT_AN_OBJECT = frozenset({"model_type", "model_attributes_type", "dict_type"})
 
 
-async def json_body(request: web.Request) -> bytes:
+async def read_body(request: web.Request, model: type[M], config: Config) -> M:
+    """The body of ``request`` as ``model`` with this node's limits (``parse_body``)."""
+    return parse_body(await json_body(request, config.body_timeout), model, config)
+
+
+async def json_body(request: web.Request, timeout_s: float) -> bytes:
     """The body of a request that says it is JSON, or says nothing; any other Content-Type is a
     415. Browsers send forms and text/plain across sites without asking (no CORS preflight), so
     a JSON-only API refusing them cannot be driven by a page the user happens to visit. A body
@@ -51,7 +55,6 @@ async def json_body(request: web.Request) -> bytes:
         ):
             message = f"Content-Type must be application/json, not {media!r}"
             raise ApiError(415, UNSUPPORTED_MEDIA_TYPE, message)
-    timeout_s = request.app[CONFIG].body_timeout
     try:
         return await asyncio.wait_for(request.read(), timeout_s or None)
     except TimeoutError:

@@ -7,12 +7,7 @@ from typing import Annotated, Any, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
-from tinyserve.frontend.models.chat import (
-    CONVERSATION_RULES,
-    ChatMessage,
-    Conversation,
-    ConversationFields,
-)
+from tinyserve.frontend.models.chat import CONVERSATION_RULES, ChatMessage, ConversationFields
 from tinyserve.frontend.models.common import (
     INTEGRAL,
     Reply,
@@ -79,18 +74,12 @@ class TokenizeRequest(ConversationFields):
             message = "'add_special_tokens' applies to 'prompt' only"
             raise cross_field("add_special_tokens", message)
         if self.messages is not None:
-            self.conversation.check()
+            self.check_conversation(self.messages)
             return self
         for name in _CHAT_ONLY:
             if getattr(self, name) != type(self).model_fields[name].default:
                 raise cross_field(name, f"'{name}' applies to 'messages' only")
         return self
-
-    @property
-    def conversation(self) -> Conversation:
-        """The messages and how to render them; only with ``messages``."""
-        assert self.messages is not None
-        return self.conversation_of(self.messages)
 
 
 class TokenizeReply(Reply):

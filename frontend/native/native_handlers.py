@@ -1,22 +1,27 @@
-"""The native surface's handlers: ``POST /generate``, ``GET /health``, ``GET /ready``
-(``http.routes`` lists every route).
+"""The native surface's handlers: ``POST /generate``, and the node's ``GET /health``,
+``GET /ready`` and ``GET /metrics`` (``http.routes`` lists every route).
 
-``/generate`` parses its body and runs the shared pipeline (``pipeline.run``: tokenize ->
-admit -> submit -> wait for the engine's first word -> reply) with the native reply format.
+``/generate`` parses its body, translates it into a ``Generation`` and runs the shared
+pipeline (``pipeline.run``: tokenize -> admit -> submit -> wait for the engine's first word
+-> reply) with the native reply format.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
-from tinyserve.frontend.http.appkeys import CONFIG, LINK
+from tinyserve.config import Config
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.native import GenerateRequest, Status
-from tinyserve.frontend.models.parse import json_body, parse_body
+from tinyserve.frontend.models.parse import read_body
 from tinyserve.frontend.native.native_reply import native_reply
 from tinyserve.frontend.request import admission, pipeline
-from tinyserve.frontend.request.reply_common import engine_unavailable, rejection_error
-from tinyserve.frontend.structured.constraints import constrained
+from tinyserve.frontend.request.generation import Generation, constrained, resolved
+from tinyserve.frontend.request.state import CONFIG, LINK, METRICS
+from tinyserve.frontend.structured import constraints
+from tinyserve.metrics import CONTENT_TYPE
 
 
 async def health(request: web.Request) -> web.Response:
@@ -30,15 +35,31 @@ async def ready(request: web.Request) -> web.Response:
     link = request.app[LINK]
     unready, ack, load = link.unready_reason(), link.ack, link.load()
     if unready is not None or ack is None or load is None:
-        raise engine_unavailable(unready or "engine board unreadable")
+        raise admission.no_engine(unready or "engine board unreadable")
     if load.draining:
-        raise rejection_error(admission.engine_rejection(admission.REASON_DRAINING, load))
+        raise admission.engine_draining(load)
     return json_response(Status(status="ready", model=ack.model_name))
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """The node's metrics: engine and every frontend, merged from their files."""
+    # Reading every process's files takes milliseconds: off the event loop, between streams.
+    body = await asyncio.to_thread(request.app[METRICS].process.render)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     """Generate a completion for one prompt; JSON or SSE as the request asks."""
     config = request.app[CONFIG]
-    req = parse_body(await json_body(request), GenerateRequest, config)
-    generation = await constrained(request, req.generation(config), req.constraint())
+    req = await read_body(request, GenerateRequest, config)
+    generation = await constrained(
+        request, generation_of(req, config), constraints.of_generate(req)
+    )
     return await pipeline.run(request, generation, native_reply)
+
+
+def generation_of(req: GenerateRequest, config: Config) -> Generation:
+    """``/generate``'s request with every default resolved."""
+    prompt_logprobs = -1 if req.prompt_logprobs is None else req.prompt_logprobs
+    max_tokens = req.max_tokens or config.default_max_tokens
+    return resolved(req, max_tokens=max_tokens, prompt_logprobs=prompt_logprobs)

@@ -1,4 +1,4 @@
-"""The native ``/generate`` reply format, on top of ``request.reply_common``.
+"""The native ``/generate`` reply format.
 
 JSON: ``GenerateReply``; SSE: a ``GenerateDelta`` per non-empty text delta (and, with
 ``return_progress``, a ``GenerateProgress`` as the prompt's prefill goes), then exactly one
@@ -8,15 +8,15 @@ final event, a ``GenerateReply`` with empty text or, on failure, a ``GenerateFai
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from typing import Any, cast
 
 from aiohttp import web
 
-from tinyserve.frontend.http.api_errors import INTERNAL_ERROR
-from tinyserve.frontend.http.appkeys import LINK
+from tinyserve.frontend.link.board_view import NodeLoad
+from tinyserve.frontend.link.engine_link import EngineLink
+from tinyserve.frontend.link.streams import RequestStream, text_of
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.errors import ErrorDetail
+from tinyserve.frontend.models.errors import internal_error
 from tinyserve.frontend.models.native import (
     GenerateDelta,
     GenerateFailure,
@@ -28,112 +28,108 @@ from tinyserve.frontend.models.native import (
     TokenLogprob,
 )
 from tinyserve.frontend.openai.openai_logprobs import finite
-from tinyserve.frontend.request.admission import Load
+from tinyserve.frontend.request.admission import ending_error
 from tinyserve.frontend.request.record import RequestRecord
-from tinyserve.frontend.request.reply_common import (
-    LoadNow,
+from tinyserve.frontend.request.sse import (
+    MARK,
+    EventTemplate,
     collect,
-    finish_error,
     progress_of,
     sse_event,
     write_sse,
 )
-from tinyserve.frontend.request.streams import Finish, RequestStream
+from tinyserve.frontend.request.state import LINK
+from tinyserve.protocol import RequestUpdate
 
 
 async def native_reply(
     request: web.Request, stream: RequestStream, record: RequestRecord
 ) -> web.StreamResponse:
     """``/generate``'s reply: SSE or one JSON object, as the request asked."""
-    load = request.app[LINK].load
+    link = request.app[LINK]
     if record.generation.stream:
-        return await write_sse(request, record.request_id, _NativeEvents(stream, record, load))
-    return await json_reply(stream, record, load)
-
-
-async def json_reply(stream: RequestStream, record: RequestRecord, load: LoadNow) -> web.Response:
-    """Wait for the whole output; reply 200 with it, or with the error the finish maps to."""
-    output = await collect(stream)
-    error = finish_error(output.finish, load())
+        return await write_sse(request, record.request_id, stream, _NativeEvents(record, link))
+    whole = await collect(stream)
+    error = ending_error(whole, link.load())
     if error is not None:
         error.request_id = record.request_id
         return error.response()
-    reply = _reply(record, output.finish, output.tokens, output.text, output.prompt_logprobs)
+    reply = _reply(record, whole, text_of(whole), whole.prompt_logprobs)
     return json_response(reply, headers={"X-Request-Id": record.request_id})
 
 
 class _NativeEvents:
-    """Text deltas as they are decoded, then the one final event."""
+    """Text deltas as they come, then the one final event (``sse.Events``)."""
 
-    def __init__(self, stream: RequestStream, record: RequestRecord, load: LoadNow) -> None:
-        self._stream = stream
+    def __init__(self, record: RequestRecord, link: EngineLink) -> None:
         self._record = record
-        self._load = load
-        self._tokens = 0
+        self._link = link
         self._prompt_logprobs: list[list[Any]] = []  # the engine's, for the final event
-        self._final_sent = False
+        self._delta = EventTemplate(sse_event(GenerateDelta(id=record.request_id, text=MARK)))
+        self.ended = False
 
-    async def events(self) -> AsyncGenerator[bytes, None]:
-        record = self._record
-        async for piece in self._stream.pieces():
-            self._tokens += piece.tokens
-            self._prompt_logprobs += piece.prompt_logprobs
-            progress = progress_of(record, piece)
-            if progress is not None:
-                yield sse_event(GenerateProgress(id=record.request_id, prompt_progress=progress))
-            if piece.text:
-                yield sse_event(GenerateDelta(id=record.request_id, text=piece.text))
-            if piece.finish is not None:
-                final = _final_event(
-                    record, piece.finish, self._tokens, self._prompt_logprobs, self._load()
-                )
-                yield sse_event(final)
-                self._final_sent = True  # resumed only once the final event was written
+    def opening(self) -> list[bytes]:
+        return []
+
+    async def take(self, update: RequestUpdate) -> list[bytes]:
+        record, events = self._record, []
+        self._prompt_logprobs += update.prompt_logprobs
+        progress = progress_of(record, update)
+        if progress is not None:
+            body = GenerateProgress(id=record.request_id, prompt_progress=progress)
+            events.append(sse_event(body))
+        text = text_of(update)
+        if text:
+            events.append(self._delta(text))
+        if update.finish_reason is not None:
+            final = _final(record, update, self._prompt_logprobs, self._link.load())
+            events.append(sse_event(final))
+            self.ended = True
+        return events
 
     def failure_events(self) -> list[bytes]:
-        if self._final_sent:
+        if self.ended:
             return []
         event = GenerateFailure(
             id=self._record.request_id,
-            error=ErrorDetail(type=INTERNAL_ERROR, message="internal server error"),
+            error=internal_error().body().error,
             usage=NativeUsage(
                 prompt_tokens=self._record.prompt_tokens,
-                completion_tokens=self._tokens,
+                completion_tokens=self._record.generated,
                 cached_tokens=0,
             ),
         )
         return [sse_event(event)]
 
 
-def _final_event(
+def _final(
     record: RequestRecord,
-    finish: Finish,
-    tokens: int,
+    end: RequestUpdate,
     prompt_entries: list[list[Any]],
-    load: Load | None,
+    load: NodeLoad | None,
 ) -> GenerateReply | GenerateFailure:
-    error = finish_error(finish, load)
+    error = ending_error(end, load)
     if error is None:
-        return _reply(record, finish, tokens, "", prompt_entries)
+        return _reply(record, end, "", prompt_entries)
     return GenerateFailure(
         id=record.request_id,
         error=error.body().error,
-        usage=_usage(record, finish, tokens),
-        timeline=_timeline(record, finish),
+        usage=_usage(record, end),
+        timeline=_timeline(record, end),
     )
 
 
 def _reply(
-    record: RequestRecord, finish: Finish, tokens: int, text: str, prompt_entries: list[list[Any]]
+    record: RequestRecord, end: RequestUpdate, text: str, prompt_entries: list[list[Any]]
 ) -> GenerateReply:
     """The reply, or a stream's final event (with empty ``text``); ``prompt_entries`` are
     the engine's prompt logprobs."""
     return GenerateReply(
         id=record.request_id,
         text=text,
-        finish_reason=cast(NativeFinishReason, finish.reason),  # errors went another way
-        usage=_usage(record, finish, tokens),
-        timeline=_timeline(record, finish),
+        finish_reason=cast(NativeFinishReason, end.finish_reason),  # errors went another way
+        usage=_usage(record, end),
+        timeline=_timeline(record, end),
         prompt_logprobs=_prompt_logprobs(record, prompt_entries),
     )
 
@@ -155,13 +151,13 @@ def _prompt_logprobs(
     return [None, *scored]
 
 
-def _usage(record: RequestRecord, finish: Finish, completion_tokens: int) -> NativeUsage:
+def _usage(record: RequestRecord, end: RequestUpdate) -> NativeUsage:
     return NativeUsage(
-        prompt_tokens=record.prompt_tokens_of(finish),
-        completion_tokens=completion_tokens,
-        cached_tokens=finish.cached_tokens,
+        prompt_tokens=record.prompt_tokens_of(end),
+        completion_tokens=record.generated,
+        cached_tokens=end.cached_tokens,
     )
 
 
-def _timeline(record: RequestRecord, finish: Finish) -> dict[str, Any] | None:
-    return finish.timeline if record.generation.timeline else None
+def _timeline(record: RequestRecord, end: RequestUpdate) -> dict[str, Any] | None:
+    return end.timeline if record.generation.timeline else None

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from tinyserve.frontend.http.api_errors import ApiError
-from tinyserve.frontend.http.appkeys import CLIENT, LINK
 from tinyserve.frontend.link.engine_client import EngineUnreachable
 from tinyserve.frontend.models.common import json_response
+from tinyserve.frontend.models.errors import NOT_FOUND, ApiError
 from tinyserve.frontend.models.native import RequestTimeline
-from tinyserve.frontend.openai.openai_reply import CHAT, COMPLETIONS
-from tinyserve.frontend.request.reply_common import engine_unavailable
+from tinyserve.frontend.openai.openai_stream import CHAT, COMPLETIONS
+from tinyserve.frontend.request.admission import no_engine, serving
+from tinyserve.frontend.request.state import CLIENT, LINK
 
 # The engine answers between ticks, and a loaded engine's tick can pass a second (a full
 # prefill chunk on a busy machine): 1 s gave the dashboard's clicks 503s under load.
 QUERY_TIMEOUT_S = 3.0
-NOT_FOUND = "not_found"
 
 
 async def request_timeline(request: web.Request) -> web.Response:
@@ -31,12 +30,11 @@ async def request_timeline(request: web.Request) -> web.Response:
     # An OpenAI reply's id is the request id with its surface's prefix.
     for surface in (CHAT, COMPLETIONS):
         request_id = request_id.removeprefix(surface.id_prefix)
-    if request.app[LINK].ack is None:
-        raise engine_unavailable()
+    serving(request.app[LINK])
     try:
         timeline = await request.app[CLIENT].timeline(request_id, QUERY_TIMEOUT_S)
     except (EngineUnreachable, TimeoutError) as exc:
-        raise engine_unavailable("the engine did not answer the timeline query") from exc
+        raise no_engine("the engine did not answer the timeline query") from exc
     if timeline is None:
         raise ApiError(404, NOT_FOUND, f"no recent request with id {request_id!r}")
     return json_response(RequestTimeline.model_validate(timeline))

@@ -7,21 +7,19 @@ reply's events (``ChatEvents``), which each surface fills in with its own."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from tinyserve.frontend.http.api_errors import ApiError
-from tinyserve.frontend.models.openai_reply_bodies import FinishReason, ToolCall
+from tinyserve.frontend.link.board_view import NodeLoad
+from tinyserve.frontend.link.streams import RequestStream, text_of
+from tinyserve.frontend.models.errors import ApiError, internal_error
+from tinyserve.frontend.models.openai_replies import FinishReason, ToolCall
 from tinyserve.frontend.models.progress import PromptProgress
-from tinyserve.frontend.openai.openai_reply import (
-    FINISH_REASONS,
-    internal_error,
-    openai_finish_error,
-)
+from tinyserve.frontend.openai.openai_stream import finish_reason, openai_error
 from tinyserve.frontend.request.record import RequestRecord
-from tinyserve.frontend.request.reply_common import LoadNow, Output, collect, progress_of
-from tinyserve.frontend.request.streams import Finish, RequestStream
+from tinyserve.frontend.request.sse import collect, progress_of
 from tinyserve.frontend.structured.reply_parser import ReplyParser
+from tinyserve.protocol import RequestUpdate
 
 
 @dataclass(frozen=True)
@@ -47,62 +45,61 @@ class ChatOutput:
         self.text += text
         return text
 
-    def end(self, finish: Finish) -> Ending:
-        """The end, once ``finish`` came (a normal one: errors go another way)."""
-        parsed = self._stream.end(FINISH_REASONS.get(finish.reason, "stop"))
+    def end(self, end: RequestUpdate) -> Ending:
+        """The end, once ``end`` came (a normal one: errors go another way)."""
+        parsed = self._stream.end(finish_reason(end))
         self.text += parsed.content
         return Ending(parsed.content, parsed.calls, parsed.reason)
 
 
 async def collect_ending(
-    stream: RequestStream, load: LoadNow, parser: ReplyParser
-) -> tuple[Output, Ending]:
+    stream: RequestStream, load: Callable[[], NodeLoad | None], parser: ReplyParser
+) -> tuple[RequestUpdate, Ending]:
     """The whole output of ``stream`` and its ending (all its text, none sent); raises the
-    error its finish maps to, which the error middleware answers in the path's shape."""
-    output = await collect(stream)
-    error = openai_finish_error(output.finish, load())
+    error its ending maps to, which the error middleware answers in the path's shape."""
+    whole = await collect(stream)
+    error = openai_error(whole, load())
     if error is not None:
         raise error
     chat = ChatOutput(parser)
-    text = chat.feed(output.text)
-    ending = chat.end(output.finish)
-    return output, Ending(text + ending.text, ending.calls, ending.reason)
+    text = chat.feed(text_of(whole))
+    ending = chat.end(whole)
+    return whole, Ending(text + ending.text, ending.calls, ending.reason)
 
 
 class ChatEvents(ABC):
-    """The events of a streamed reply: its opening, then per piece its progress (when asked)
-    and its text as it may go out, then its one ending, or a failure's after a bug of ours
-    (``reply_common.EventSource``)."""
+    """The events of a streamed reply (``sse.Events``): its opening, then per update its
+    progress (when asked) and its text as it may go out, then its one ending, or a
+    failure's after a bug of ours."""
 
     def __init__(
-        self, parser: ReplyParser, stream: RequestStream, record: RequestRecord, load: LoadNow
+        self, parser: ReplyParser, record: RequestRecord, load: Callable[[], NodeLoad | None]
     ) -> None:
-        self.stream = stream
         self.record = record
         self.load = load
         self.output = ChatOutput(parser)
-        self.tokens = 0
         self.token_ids: list[int] = []
-        self._ended = False  # the ending went out
+        self.ended = False  # the ending went out
 
-    async def events(self) -> AsyncGenerator[bytes, None]:
-        for event in self.opening():
-            yield event
-        async for piece in self.stream.pieces():
-            self.tokens += piece.tokens
-            self.token_ids += piece.token_ids
-            progress = progress_of(self.record, piece)
-            if progress is not None:
-                yield self.progress(progress)
-            for event in self.text(self.output.feed(piece.text)):
-                yield event
-            if piece.finish is not None:
-                for event in await self.end(piece.finish):
-                    yield event
-                self._ended = True  # resumed only once the ending was written
+    async def take(self, update: RequestUpdate) -> list[bytes]:
+        self.token_ids += update.token_ids
+        events = []
+        progress = progress_of(self.record, update)
+        if progress is not None:
+            events.append(self.progress(progress))
+        events += self.text(self.output.feed(text_of(update)))
+        if update.finish_reason is not None:
+            error = openai_error(update, self.load())
+            events += [self.failure(error)] if error is not None else await self.end(update)
+            self.ended = True
+        return events
 
     def failure_events(self) -> list[bytes]:
-        return [] if self._ended else [self.failure(internal_error())]
+        return [] if self.ended else [self.failure(internal_error())]
+
+    @abstractmethod
+    def failure(self, error: ApiError) -> bytes:
+        """The ending of a stream that failed."""
 
     @abstractmethod
     def opening(self) -> list[bytes]:
@@ -117,10 +114,6 @@ class ChatEvents(ABC):
         """New text (none: nothing)."""
 
     @abstractmethod
-    async def end(self, finish: Finish) -> list[bytes]:
-        """The ending: the last text, tool calls and the reply's end, or the failure that
-        ``finish`` is."""
-
-    @abstractmethod
-    def failure(self, error: ApiError) -> bytes:
-        """The ending of a stream that failed."""
+    async def end(self, end: RequestUpdate) -> list[bytes]:
+        """The ending of a reply that ended normally: the last text, tool calls and the
+        reply's end."""

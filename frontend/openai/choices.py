@@ -10,14 +10,15 @@ copies its KV (``engine/forks.py``); with a seed, choice ``index`` samples with
 ``seed + index``. The first failure (a rejection, an error) is the reply, and the other
 choices are cancelled.
 
-With ``stream`` (not with ``echo``), the choices' pieces go out as they come, each chunk one
-choice's delta at its ``index`` (``openai_reply.StreamEvents``), once every choice was
+With ``stream`` (not with ``echo``), the choices' updates go out as they come, each chunk one
+choice's delta at its ``index`` (``openai_stream.StreamEvents``), once every choice was
 accepted (so a rejection is still an HTTP error); the usage chunk, when asked, sums them all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
@@ -26,20 +27,17 @@ from typing import Any
 
 from aiohttp import web
 
-from tinyserve.frontend.http.appkeys import LINK, TOKENIZER
-from tinyserve.frontend.models.openai_reply_bodies import Usage
+from tinyserve.frontend.link.streams import Inbox, RequestStream
+from tinyserve.frontend.models.openai_replies import Usage
 from tinyserve.frontend.openai.openai_logprobs import token_logprobs
-from tinyserve.frontend.openai.openai_reply import (
-    Echo,
-    OpenAIReply,
-    StreamEvents,
-    collect_or_error,
-)
+from tinyserve.frontend.openai.openai_reply import Echo, OpenAIReply, collect_or_error
+from tinyserve.frontend.openai.openai_stream import StreamEvents
 from tinyserve.frontend.request import pipeline
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.record import RequestRecord, new_request_id
-from tinyserve.frontend.request.reply_common import Output, Reply, write_sse
-from tinyserve.frontend.request.streams import Piece, RequestStream
+from tinyserve.frontend.request.sse import Reply, write_sse
+from tinyserve.frontend.request.state import LINK, TOKENIZER
+from tinyserve.protocol import RequestUpdate
 
 
 @dataclass(frozen=True)
@@ -62,9 +60,9 @@ class Choice:
 
 @dataclass
 class Result:
-    """A choice served to its end: its output and its record."""
+    """A choice served to its end: its whole output and its record."""
 
-    output: Output
+    whole: RequestUpdate
     record: RequestRecord
 
 
@@ -90,12 +88,32 @@ def plan(generation: Generation, n_prompts: int, n: int) -> list[Choice]:
     return choices
 
 
-class _Forward:
-    """A ``Reply`` that passes a choice's pieces on to the call's one stream as they come."""
+class Fanin(Inbox):
+    """The updates of every choice of one call, in the order they came (``sse.Updates``)."""
 
-    def __init__(self, index: int, pieces: asyncio.Queue[tuple[int, Piece]]) -> None:
-        self.index = index
-        self.pieces = pieces
+    def __init__(self) -> None:
+        super().__init__()
+        self._updates: collections.deque[RequestUpdate] = collections.deque()
+
+    def put(self, update: RequestUpdate) -> None:
+        self._updates.append(update)
+        self._wake()
+
+    async def next(self, quiet_s: float = 0.0) -> RequestUpdate | None:
+        if not await self._wait(quiet_s):
+            return None
+        self._taken()
+        return self._updates.popleft()
+
+    def _ready(self) -> bool:
+        return bool(self._updates)
+
+
+class _Forward:
+    """A ``Reply`` that passes a choice's updates on to the call's one stream as they come."""
+
+    def __init__(self, fanin: Fanin) -> None:
+        self.fanin = fanin
         self.record: RequestRecord | None = None
         self.accepted = asyncio.Event()
 
@@ -104,9 +122,12 @@ class _Forward:
     ) -> web.StreamResponse:
         self.record = record
         self.accepted.set()
-        async for piece in stream.pieces():
-            self.pieces.put_nowait((self.index, piece))
-        return web.Response()  # for the record's status: the call's stream is written once
+        while True:
+            update = await stream.next()
+            assert update is not None  # no keep-alive asked for
+            self.fanin.put(update)
+            if update.finish_reason is not None:
+                return web.Response()  # for the record's status: the stream is written once
 
 
 class _Collect:
@@ -120,11 +141,11 @@ class _Collect:
     async def __call__(
         self, request: web.Request, stream: RequestStream, record: RequestRecord
     ) -> web.StreamResponse:
-        output = await collect_or_error(stream, record, request.app[LINK].load())
-        if isinstance(output, web.Response):
-            self.error = output
-            return output
-        self.result = Result(output, record)
+        whole = await collect_or_error(stream, record, request.app[LINK].load())
+        if isinstance(whole, web.Response):
+            self.error = whole
+            return whole
+        self.result = Result(whole, record)
         return web.Response()  # for the record's status: the call's reply is written once
 
 
@@ -149,8 +170,8 @@ async def _running(
 ) -> AsyncIterator[list[asyncio.Task[web.StreamResponse]]]:
     """Every choice through the pipeline, a task each; none outlives the block (ended,
     failed, or the client left: the rest are cancelled, and so are their engine requests)."""
-    # NOTE: tasks start in order and each submits before its first await, so a prompt's
-    # first choice reaches the engine before the choices that copy its prefill.
+    # Tasks start in order and each submits before its first await, so a prompt's first
+    # choice reaches the engine before the choices that copy its prefill.
     tasks = [
         asyncio.create_task(
             pipeline.run(
@@ -171,20 +192,14 @@ async def stream_reply(
     request: web.Request, reply: OpenAIReply, choices: list[Choice], prompts: list[Prompt]
 ) -> web.StreamResponse:
     """The choices as one event stream, once every one of them was accepted."""
-    pieces: asyncio.Queue[tuple[int, Piece]] = asyncio.Queue()
-    forwards = [_Forward(c.index, pieces) for c in choices]
+    fanin = Fanin()
+    forwards = [_Forward(fanin) for _ in choices]
     async with _running(request, choices, prompts, forwards) as tasks:
         await _until_accepted(tasks, forwards)
         records = [f.record for f in forwards if f.record is not None]
-        load = request.app[LINK].load
         prompt_tokens = sum(len(p.ids) for p in prompts)
-        events = StreamEvents(reply, records, _queued(pieces), load, prompt_tokens)
-        return await write_sse(request, records[0].request_id, events)
-
-
-async def _queued(pieces: asyncio.Queue[tuple[int, Piece]]) -> AsyncIterator[tuple[int, Piece]]:
-    while True:
-        yield await pieces.get()
+        events = StreamEvents(reply, records, request.app[LINK].load, prompt_tokens)
+        return await write_sse(request, records[0].request_id, fanin, events)
 
 
 async def _until_accepted(
@@ -224,8 +239,8 @@ def _headers(served: list[Result]) -> dict[str, str]:
 
 def usage(results: list[Result], prompts: list[Prompt]) -> Usage:
     """Summed over the choices; each prompt's tokens once (its choices shared its prefill)."""
-    completion_tokens = sum(r.output.tokens for r in results)
-    cached = sum(r.output.finish.cached_tokens for r in results)
+    completion_tokens = sum(r.record.generated for r in results)
+    cached = sum(r.whole.cached_tokens for r in results)
     return Usage.of(sum(len(p.ids) for p in prompts), completion_tokens, cached)
 
 
@@ -246,15 +261,17 @@ async def json_reply(
         if echo and choice.prompt not in echoes:
             assert not choice.generation.fork_of  # a prompt's first choice leads it (``plan``)
             prompt = prompts[choice.prompt]
-            echoes[choice.prompt] = await _echo(request, reply, prompt, result.output)
+            echoes[choice.prompt] = await _echo(request, reply, prompt, result.whole)
         body_choices.append(
-            await reply.choice(choice.index, result.output, echoes.get(choice.prompt))
+            await reply.choice(choice.index, result.whole, echoes.get(choice.prompt))
         )
     total = usage(served, prompts)
     return reply.respond(served[0].record, body_choices, total, _headers(served))
 
 
-async def _echo(request: web.Request, reply: OpenAIReply, prompt: Prompt, leader: Output) -> Echo:
+async def _echo(
+    request: web.Request, reply: OpenAIReply, prompt: Prompt, leader: RequestUpdate
+) -> Echo:
     """What ``echo`` puts before each choice of ``prompt``; the prompt's logprobs came with its
     first choice, ``leader``."""
     if reply.logprobs < 0:

@@ -2,37 +2,47 @@
 ``POST /v1/completions``, ``POST /v1/chat/completions``.
 
 Each parses its body into its model (``models.openai_requests``, ``models.chat``), checks the
-model id against the one the engine serves, and runs the same pipeline as ``/generate`` with
-an OpenAI-format reply. Errors under ``/v1/`` take OpenAI's shape (the error middleware
-decides by path).
+model id against the one the engine serves, translates it into a ``Generation`` (the
+serve-side sampling defaults for the fields it left out; for chat, the conversation rendered
+with the model's chat template, and how its reply is read), and runs the same pipeline as
+``/generate`` with an OpenAI-format reply. Errors under ``/v1/`` take OpenAI's shape (the
+error middleware decides by path).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
+import re
+from typing import Any
 
 from aiohttp import web
 
-from tinyserve.frontend.http.api_errors import MODEL_NOT_FOUND, ApiError
-from tinyserve.frontend.http.appkeys import CHAT_TEMPLATE, CONFIG, LINK, TOKENIZER
+from tinyserve.config import Config
 from tinyserve.frontend.models.chat import ChatCompletionRequest
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.openai_reply_bodies import Model, ModelList
+from tinyserve.frontend.models.errors import MODEL_NOT_FOUND, ApiError
+from tinyserve.frontend.models.openai_replies import Model, ModelList
 from tinyserve.frontend.models.openai_requests import CompletionRequest, OpenAIRequest
-from tinyserve.frontend.models.parse import json_body, parse_body
+from tinyserve.frontend.models.parse import read_body
 from tinyserve.frontend.openai import choices
-from tinyserve.frontend.openai.openai_reply import CHAT, COMPLETIONS, OpenAIReply, Surface
+from tinyserve.frontend.openai.openai_reply import OpenAIReply
+from tinyserve.frontend.openai.openai_stream import CHAT, COMPLETIONS, Surface
+from tinyserve.frontend.prompt import conversation
+from tinyserve.frontend.prompt.chat_template import ChatPrompt
 from tinyserve.frontend.request import pipeline
-from tinyserve.frontend.request.generation import Generation, check_token_ids
-from tinyserve.frontend.request.reply_common import engine_unavailable
-from tinyserve.frontend.request.sampling_defaults import (
-    SamplingDefaults,
-    sampling_defaults,
-    with_defaults,
+from tinyserve.frontend.request.admission import serving
+from tinyserve.frontend.request.generation import Generation, check_token_ids, constrained, resolved
+from tinyserve.frontend.request.sampling_defaults import SamplingDefaults, left_out
+from tinyserve.frontend.request.state import (
+    CHAT_TEMPLATE,
+    CONFIG,
+    LINK,
+    SAMPLING_DEFAULTS,
+    TOKENIZER,
 )
-from tinyserve.frontend.structured.constraints import constrained
+from tinyserve.frontend.structured import constraints
 from tinyserve.frontend.structured.reply_parser import ReplyParser
-from tinyserve.protocol import HelloAck
+from tinyserve.protocol import TENANT_PATTERN
 
 OWNED_BY = "tinyserve"
 
@@ -51,8 +61,9 @@ async def retrieve_model(request: web.Request) -> web.Response:
 
 def _model_entry(request: web.Request) -> Model:
     created = int(request.app[TOKENIZER].facts.model_path.stat().st_mtime)
-    defaults = _defaults(request)
-    ack = _engine_ack(request)
+    defaults = request.app[SAMPLING_DEFAULTS]
+    # The engine's word, not our config: it is the one that loaded the model.
+    ack = serving(request.app[LINK])
     return Model(
         id=ack.model_name,
         created=created,
@@ -62,76 +73,6 @@ def _model_entry(request: web.Request) -> Model:
         sampling_defaults=defaults.values,
         sampling_defaults_source=defaults.sources,
     )
-
-
-async def completions(request: web.Request) -> web.StreamResponse:
-    """Continue a prompt (a string or token ids); JSON or SSE."""
-    config = request.app[CONFIG]
-    req = parse_body(await json_body(request), CompletionRequest, config)
-    check_model(request, req.model)
-    generation = with_defaults(req.generation(config), req, _defaults(request))
-    generation = await constrained(request, generation, req.constraint())
-    reply = _reply(request, req, COMPLETIONS, generation.sampling.logprobs)
-    return await _complete(request, req, generation, reply)
-
-
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    """Answer a conversation, rendered with the model's own chat template; JSON or SSE."""
-    config = request.app[CONFIG]
-    req = parse_body(await json_body(request), ChatCompletionRequest, config)
-    check_model(request, req.model)
-    generation, prompt_ids, parser = await chat_generation(request, req)
-    reply = _reply(request, req, CHAT, generation.sampling.logprobs)
-    reply.parser = parser
-    if req.n > 1:
-        plan = choices.plan(generation, 1, req.n)
-        prompt = choices.Prompt(prompt_ids, generation.prompt)
-        if req.stream:
-            return await choices.stream_reply(request, reply, plan, [prompt])
-        return await choices.json_reply(request, reply, plan, [prompt])
-    return await pipeline.run(request, generation, reply, prompt_ids)
-
-
-async def chat_generation(
-    request: web.Request, req: ChatCompletionRequest
-) -> tuple[Generation, list[int], ReplyParser]:
-    """The conversation of ``req`` rendered with the chat template and tokenized, the
-    request as the pipeline runs it (serve-side defaults, its constraint built and checked),
-    and the parser of its reply (text, reasoning and tool calls in the template's syntax):
-    what every surface that speaks in conversations needs."""
-    config, template = request.app[CONFIG], request.app[CHAT_TEMPLATE]
-    chat = req.conversation.render(template)
-    # Tokenized here, in parts: the messages' text must never become control tokens.
-    prompt_ids = await request.app[TOKENIZER].tokenize_chat(chat)
-    parser = template.reply_parser(chat, req.calls_tools, config.reasoning_format)
-    generation = dataclasses.replace(req.generation(config), prompt=chat.text)
-    generation = with_defaults(generation, req, _defaults(request))
-    generation = await constrained(request, generation, req.reply_constraint(parser))
-    return generation, prompt_ids, parser
-
-
-def _defaults(request: web.Request) -> SamplingDefaults:
-    metadata = request.app[TOKENIZER].facts.sampling_metadata
-    return sampling_defaults(request.app[CONFIG], metadata)
-
-
-def _reply(
-    request: web.Request, req: OpenAIRequest, surface: Surface, logprobs: int
-) -> OpenAIReply:
-    tokenizer = request.app[TOKENIZER]
-    return OpenAIReply(surface, req.model, req.include_usage, tokenizer, logprobs)
-
-
-def _served_model(request: web.Request) -> str:
-    return _engine_ack(request).model_name
-
-
-def _engine_ack(request: web.Request) -> HelloAck:
-    # The engine's word, not our config: it is the one that loaded the model.
-    ack = request.app[LINK].ack
-    if ack is None:
-        raise engine_unavailable()
-    return ack
 
 
 def check_model(request: web.Request, model: str) -> None:
@@ -146,22 +87,119 @@ def check_model(request: web.Request, model: str) -> None:
         raise ApiError(404, MODEL_NOT_FOUND, message, param="model")
 
 
-async def _complete(
-    request: web.Request, req: CompletionRequest, generation: Generation, reply: OpenAIReply
-) -> web.StreamResponse:
-    """One prompt, one choice, no echo: the single-request path (JSON or SSE); else the
-    choices (``choices``), in one JSON reply or one stream."""
-    if len(req.prompt) == 1 and req.n == 1 and not req.echo:
+async def completions(request: web.Request) -> web.StreamResponse:
+    """Continue a prompt (a string or token ids); JSON or SSE."""
+    config = request.app[CONFIG]
+    req = await read_body(request, CompletionRequest, config)
+    check_model(request, req.model)
+    generation = completion_generation(req, config, request.app[SAMPLING_DEFAULTS])
+    generation = await constrained(request, generation, constraints.of_openai(req))
+    reply = _reply(request, req, COMPLETIONS, generation.sampling.logprobs)
+    if len(req.prompt) == 1 and req.n == 1 and not req.echo:  # one request, JSON or SSE
         [prompt] = req.prompt
-        if isinstance(prompt, str):
-            generation = dataclasses.replace(generation, prompt=prompt)
-            return await pipeline.run(request, generation, reply)
-        return await pipeline.run(request, generation, reply, prompt)
+        if isinstance(prompt, list):
+            return await pipeline.run(request, generation, reply, prompt)
+        return await pipeline.run(request, generation, reply)
     prompts = [await _prompt(request, p) for p in req.prompt]
     plan = choices.plan(generation, len(prompts), req.n)
     if req.stream:  # echo does not stream (the request's rule)
         return await choices.stream_reply(request, reply, plan, prompts)
     return await choices.json_reply(request, reply, plan, prompts, req.echo)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """Answer a conversation, rendered with the model's own chat template; JSON or SSE."""
+    config = request.app[CONFIG]
+    req = await read_body(request, ChatCompletionRequest, config)
+    check_model(request, req.model)
+    generation, parser = await chat_generation(request, req)
+    reply = _reply(request, req, CHAT, generation.sampling.logprobs, parser)
+    if req.n == 1:
+        return await pipeline.run(request, generation, reply)
+    assert isinstance(generation.prompt, ChatPrompt)
+    prompt = choices.Prompt(await pipeline.tokenized(request, generation), generation.prompt.text)
+    plan = choices.plan(generation, 1, req.n)
+    if req.stream:
+        return await choices.stream_reply(request, reply, plan, [prompt])
+    return await choices.json_reply(request, reply, plan, [prompt])
+
+
+async def chat_generation(
+    request: web.Request, req: ChatCompletionRequest
+) -> tuple[Generation, ReplyParser]:
+    """``req`` as the pipeline runs it: its conversation rendered with the chat template,
+    serve-side defaults, its constraint built and checked; and the parser of its reply (text,
+    reasoning and tool calls in the template's syntax). What every surface that speaks in
+    conversations needs."""
+    config, template = request.app[CONFIG], request.app[CHAT_TEMPLATE]
+    prompt = conversation.render(template, req, req.messages)
+    parser = template.reply_parser(prompt, req.calls_tools, config.reasoning_format)
+    generation = chat_generation_of(req, config, request.app[SAMPLING_DEFAULTS], prompt)
+    generation = await constrained(request, generation, constraints.of_chat(req, parser))
+    return generation, parser
+
+
+def chat_generation_of(
+    req: ChatCompletionRequest,
+    config: Config,
+    defaults: SamplingDefaults | None = None,
+    prompt: str | ChatPrompt = "",
+) -> Generation:
+    """A chat request with every default resolved, its rendered ``prompt`` given."""
+    max_tokens = req.max_completion_tokens or req.max_tokens or config.default_max_tokens
+    logprobs = (req.top_logprobs or 0) if req.logprobs else -1
+    return openai_generation(
+        req, defaults, prompt=prompt, prompt_field="messages", max_tokens=max_tokens,
+        logprobs=logprobs,
+    )  # fmt: skip
+
+
+def completion_generation(
+    req: CompletionRequest, config: Config, defaults: SamplingDefaults | None = None
+) -> Generation:
+    """A completion request with every default resolved; the prompt is the text of a call
+    with one text prompt, else empty (each of ``prompt`` is tokenized on its own)."""
+    logprobs = -1 if req.logprobs is None else req.logprobs
+    max_tokens = config.default_max_tokens if req.max_tokens is None else req.max_tokens
+    [one] = req.prompt if len(req.prompt) == 1 else [None]
+    return openai_generation(
+        req, defaults, prompt=one if isinstance(one, str) else "", max_tokens=max_tokens,
+        logprobs=logprobs, prompt_logprobs=logprobs if req.echo else -1,
+    )  # fmt: skip
+
+
+def openai_generation(
+    req: OpenAIRequest, defaults: SamplingDefaults | None, **overrides: Any
+) -> Generation:
+    """An OpenAI request resolved: the serve-side ``defaults`` for the sampling fields it
+    left out (none: the model's), its ``user`` as the tenant unless it names one, then
+    ``overrides``."""
+    if "tenant" not in req.model_fields_set:
+        overrides["tenant"] = _tenant_of_user(req.user)
+    if defaults is not None:
+        overrides |= left_out(req, defaults)
+    return resolved(req, **overrides)
+
+
+def _tenant_of_user(user: str) -> str:
+    """``user`` as the scheduling tenant: as it is when it is a valid tenant name, else a
+    stable hash of it (OpenAI suggests hashed e-mail addresses and the like)."""
+    if not user:
+        return "default"
+    if re.fullmatch(TENANT_PATTERN, user):
+        return user
+    return "user-" + hashlib.sha256(user.encode("utf-8")).hexdigest()[:16]
+
+
+def _reply(
+    request: web.Request,
+    req: OpenAIRequest,
+    surface: Surface,
+    logprobs: int,
+    parser: ReplyParser | None = None,
+) -> OpenAIReply:
+    tokenizer = request.app[TOKENIZER]
+    return OpenAIReply(surface, req.model, req.include_usage, tokenizer, logprobs, parser)
 
 
 async def _prompt(request: web.Request, prompt: str | list[int]) -> choices.Prompt:

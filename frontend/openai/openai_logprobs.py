@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
-from tinyserve.frontend.models.openai_reply_bodies import (
+from tinyserve.frontend.models.openai_replies import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,
     TopLogprob,
 )
-from tinyserve.frontend.request.tokenizer import Tokenizer
+from tinyserve.frontend.prompt.tokenizer import Tokenizer
 
 # JSON has no -Infinity; a token the model rules out entirely reports this instead.
 LOGPROB_FLOOR = -9999.0

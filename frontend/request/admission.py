@@ -1,19 +1,34 @@
-"""Admission: turn a request away before it reaches the engine when it can never be served
-(a 400: over ``--max-prompt-tokens`` or a slot's context) or not soon (a 503: the queue of
-requests waiting for a slot is full).
+"""Every refusal of a request, decided here, one type per meaning:
+
+- ``NeverFits`` (400): the request can never be served, however long the client waits: over
+  ``--max-prompt-tokens`` or a slot's context;
+- ``NotNow`` (503): the request is fine, the node cannot take it now, and its ``Retry-After``
+  says when to come back: a full queue, a draining engine or frontend, no engine at all
+  (``no_engine``, the one door that answers ``engine_unavailable``), or, on the OpenAI
+  surfaces, a request that timed out waiting for a slot;
+- ``Busy`` (429): this frontend holds as many requests as it may; another may have room.
 
 Transport-free: the figures come in as plain values (read from the board and the handshake by
-the caller) and a ``Rejection`` or ``None`` comes out. The engine re-checks on receipt and is
-authoritative; this check exists so that a full node answers in microseconds instead of a round
-trip, and so the answer carries a useful ``Retry-After``.
+the caller). The engine re-checks on receipt and is authoritative; this check exists so that a
+full node answers in microseconds instead of a round trip, with a useful ``Retry-After``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from tinyserve import capacity, protocol
+from tinyserve.frontend.link.board_view import IDLE_LOAD, Limits, NodeLoad
+from tinyserve.frontend.link.engine_link import EngineLink
+from tinyserve.frontend.link.streams import ENGINE_LOST
+from tinyserve.frontend.models.errors import (
+    CONTEXT_LENGTH_EXCEEDED,
+    ENGINE_ERROR,
+    SERVICE_UNAVAILABLE,
+    TOO_MANY_REQUESTS,
+    ApiError,
+)
+from tinyserve.protocol import HelloAck, RequestUpdate
 
 RETRY_MIN_S = 1
 RETRY_MAX_S = 60
@@ -23,43 +38,44 @@ RETRY_MAX_S = 60
 RETRY_UNKNOWN_S = 2
 # No restart time is known when the engine is down; a few seconds keeps clients from hammering.
 ENGINE_DOWN_RETRY_S = 5
+# Another frontend of the node can take the request right away.
+ELSEWHERE_RETRY_S = 1
 REASON_DRAINING = protocol.REJECT_DRAINING
+REASON_ENGINE_UNAVAILABLE = "engine_unavailable"
+REASON_FRONTEND_BUSY = "frontend_busy"
 PROMPT_TOO_LONG = "prompt_too_long"  # over --max-prompt-tokens, however large the context
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Fixed facts of one engine incarnation, from its ``HelloAck``."""
+class NeverFits(ApiError):
+    """A 400 for a request that can never be served; ``param`` names its prompt's field,
+    ``label`` is why, as the metrics and the admission figures say it."""
 
-    max_queue: int
-    n_ctx: int  # one slot's cells: the most a request may fill
-    slots: int = 0
-
-
-@dataclass(frozen=True)
-class Load:
-    """The node's load right now: the engine's board figures plus every frontend's pending
-    requests (sent to the engine, not yet accepted or finished)."""
-
-    waiting: int
-    running: int
-    drain_rate: float  # requests leaving the engine per second of work (engine/drain.py)
-    pending_requests: int = 0
-    draining: bool = False
+    def __init__(self, label: str, message: str, param: str) -> None:
+        type_ = PROMPT_TOO_LONG if label == PROMPT_TOO_LONG else CONTEXT_LENGTH_EXCEEDED
+        super().__init__(400, type_, message, param=param)
+        self.label = label
 
 
-# Stand-in when the board cannot be read: nothing known to be queued, no drain rate.
-IDLE_LOAD = Load(waiting=0, running=0, drain_rate=0.0)
+class NotNow(ApiError):
+    """A 503: the request was fine, the node cannot take it now; come back after
+    ``retry_after`` seconds. ``label`` is its reason."""
+
+    retry_after: int
+
+    def __init__(self, reason: str, message: str, retry_after: int) -> None:
+        super().__init__(503, SERVICE_UNAVAILABLE, message, reason=reason, retry_after=retry_after)
+        self.label = reason
 
 
-@dataclass(frozen=True)
-class Rejection:
-    """Why a request is turned away: ``status`` 400 (never fits) or 503 (try again later)."""
+class Busy(ApiError):
+    """A 429: the request was fine, this frontend is serving as many as it may."""
 
-    status: int
-    reason: str
-    message: str
-    retry_after: int | None = None  # a 503's
+    def __init__(self, limit: int) -> None:
+        message = f"this frontend is serving its limit of {limit} requests"
+        super().__init__(
+            429, TOO_MANY_REQUESTS, message, reason=REASON_FRONTEND_BUSY,
+            retry_after=ELSEWHERE_RETRY_S,
+        )  # fmt: skip
 
 
 def retry_after_s(requests_ahead: int, drain_rate: float) -> int:
@@ -77,16 +93,27 @@ def admit(
     prompt_tokens: int,
     max_tokens: int,
     limits: Limits,
-    load: Load,
+    load: NodeLoad,
     max_prompt_tokens: int = 0,
-) -> Rejection | None:
-    """``None`` when the request may be sent to the engine, else why not. ``max_prompt_tokens``
-    is this frontend's ``--max-prompt-tokens`` (0: no limit of its own)."""
-    never = _never_fits(prompt_tokens, max_tokens, limits, max_prompt_tokens)
-    if never is not None:
-        return never
+    prompt_field: str = "prompt",
+) -> NeverFits | NotNow | None:
+    """``None`` when the request may be sent to the engine, else its refusal.
+    ``max_prompt_tokens`` is this frontend's ``--max-prompt-tokens`` (0: no limit of its
+    own); ``prompt_field`` the request field that holds the prompt (a 400 names it)."""
+    if max_prompt_tokens and prompt_tokens > max_prompt_tokens:
+        message = (
+            f"the prompt has {prompt_tokens} tokens; this server accepts at most "
+            f"{max_prompt_tokens} (max_prompt_tokens)"
+        )
+        return NeverFits(PROMPT_TOO_LONG, message, prompt_field)
+    if not capacity.fits_context(prompt_tokens, max_tokens, limits.n_ctx):
+        message = (
+            f"prompt_tokens ({prompt_tokens}) + max_tokens ({max_tokens}) exceeds "
+            f"the context length ({limits.n_ctx})"
+        )
+        return NeverFits(protocol.REJECT_TOO_LONG, message, prompt_field)
     if load.draining:
-        return _draining(load)
+        return engine_draining(load)
     # A request waits in the engine's queue unless a free slot takes it at the next tick:
     # the queue's bound is what turns it away.
     free_slots = max(limits.slots - load.running, 0)
@@ -98,50 +125,69 @@ def admit(
     # sooner, the request would wait behind those anyway, and every client refused in the
     # same burst comes back at that moment to find the queue full again (the openai client
     # gives up after two retries: bench/retry_after.py --max-tokens 8).
-    return Rejection(
-        503,
+    return NotNow(
         protocol.REJECT_QUEUE_FULL,
         f"{queued} requests are queued (limit {limits.max_queue})",
         retry_after_s(queued, load.drain_rate),
     )
 
 
-def _never_fits(
-    prompt_tokens: int, max_tokens: int, limits: Limits, max_prompt_tokens: int
-) -> Rejection | None:
-    """The 400s, checked in this order: each names the limit the request is over."""
-    if max_prompt_tokens and prompt_tokens > max_prompt_tokens:
-        return Rejection(
-            400,
-            PROMPT_TOO_LONG,
-            f"the prompt has {prompt_tokens} tokens; this server accepts at most "
-            f"{max_prompt_tokens} (max_prompt_tokens)",
-        )
-    if not capacity.fits_context(prompt_tokens, max_tokens, limits.n_ctx):
-        message = (
-            f"prompt_tokens ({prompt_tokens}) + max_tokens ({max_tokens}) exceeds "
-            f"the context length ({limits.n_ctx})"
-        )
-        return Rejection(400, protocol.REJECT_TOO_LONG, message)
-    return None
-
-
-def engine_rejection(detail: str, load: Load) -> Rejection:
+def engine_refusal(detail: str, load: NodeLoad, prompt_field: str = "prompt") -> NeverFits | NotNow:
     """The reply for a request the engine itself rejected (``finish_reason == "rejected"``)."""
     if detail == protocol.REJECT_TOO_LONG:
-        return Rejection(400, detail, "request can never fit a slot's context")
+        message = "request can never fit a slot's context"
+        return NeverFits(protocol.REJECT_TOO_LONG, message, prompt_field)
     if detail == REASON_DRAINING:
-        return _draining(load)
+        return engine_draining(load)
     ahead = load.waiting + load.pending_requests + 1
     reason = detail or protocol.REJECT_QUEUE_FULL
-    return Rejection(
-        503, reason, f"engine rejected the request: {reason}", retry_after_s(ahead, load.drain_rate)
-    )
+    message = f"engine rejected the request: {reason}"
+    return NotNow(reason, message, retry_after_s(ahead, load.drain_rate))
 
 
-def _draining(load: Load) -> Rejection:
-    # The engine finishes what it has, then goes away: everything it holds is ahead of us.
+def engine_draining(load: NodeLoad) -> NotNow:
+    """The engine finishes what it has, then goes away: everything it holds is ahead."""
     ahead = load.waiting + load.running
-    return Rejection(
-        503, REASON_DRAINING, "engine is draining", retry_after_s(ahead, load.drain_rate)
-    )
+    return NotNow(REASON_DRAINING, "engine is draining", retry_after_s(ahead, load.drain_rate))
+
+
+def frontend_draining() -> NotNow:
+    """This frontend is shutting down; another one takes the request at once."""
+    return NotNow(REASON_DRAINING, "frontend is shutting down", ELSEWHERE_RETRY_S)
+
+
+def no_engine(detail: str = "engine unavailable") -> NotNow:
+    """No engine serves this frontend now (not started, died, restarting)."""
+    return NotNow(REASON_ENGINE_UNAVAILABLE, detail, ENGINE_DOWN_RETRY_S)
+
+
+def serving(link: EngineLink) -> HelloAck:
+    """The facts of the engine serving this frontend, or ``no_engine``."""
+    ack = link.ack
+    if ack is None:
+        raise no_engine()
+    return ack
+
+
+def ending_error(
+    end: RequestUpdate,
+    load: NodeLoad | None,
+    prompt_field: str = "prompt",
+    *,
+    queue_timeout_refused: bool = False,
+) -> ApiError | None:
+    """The HTTP error an ending maps to, or None for a normal one: a rejection, a lost
+    engine, an engine error; with ``queue_timeout_refused`` (the OpenAI surfaces) a request
+    that timed out waiting for a slot is a 503 too."""
+    reason, load = end.finish_reason, load or IDLE_LOAD
+    if reason == protocol.FINISH_REJECTED:
+        return engine_refusal(end.detail, load, prompt_field)
+    if reason == ENGINE_LOST:
+        return no_engine(end.detail)
+    if reason == protocol.FINISH_ERROR:
+        return ApiError(500, ENGINE_ERROR, end.detail or "engine error")
+    if reason == protocol.FINISH_QUEUE_TIMEOUT and queue_timeout_refused:
+        message = "the request timed out waiting for a free slot"
+        ahead = load.waiting + load.pending_requests + 1
+        return NotNow(reason, message, retry_after_s(ahead, load.drain_rate))
+    return None

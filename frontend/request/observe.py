@@ -1,11 +1,12 @@
-"""Spans and the finished-request log line of each request, read from its ``RequestRecord``.
+"""The span, the finished-request log line and the end metrics of each request, read from
+its ``RequestRecord``.
 
 ``observe`` wraps the pipeline of one request. It starts the request's server span (a child of
 an incoming ``traceparent``, when there is one), hands out child spans for the pipeline's steps
 (admission, streaming), and when the request is over ends the span (error status for a 5xx or
 an engine failure), writes one log line, ``request finished``, with the fields ``log_fields``
-gives (``docs/observability.md`` lists them), and tells ``on_end`` (the request's meter) the
-status. With tracing off no span object is ever made.
+gives (``docs/observability.md`` lists them), and counts the request (``count_end``). With
+tracing off no span object is ever made.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -21,15 +22,21 @@ from aiohttp import web
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
 
 from tinyserve import protocol
-from tinyserve.frontend.http.api_errors import CLIENT_CLOSED, ApiError, status_when_gone
-from tinyserve.frontend.http.appkeys import TRACING
-from tinyserve.frontend.request.admission import Limits, Load, Rejection
-from tinyserve.frontend.request.record import CLIENT_CLOSED_ERROR, RequestRecord
+from tinyserve.frontend.link.board_view import Limits, NodeLoad
+from tinyserve.frontend.models.errors import ApiError
+from tinyserve.frontend.request.admission import NeverFits, NotNow
+from tinyserve.frontend.request.record import CLIENT_CLOSED, CLIENT_CLOSED_ERROR, RequestRecord
+from tinyserve.frontend.request.state import TRACING
 from tinyserve.logs import fields
 from tinyserve.timeline_records import slot_ms
 from tinyserve.tracing import extract, inject
 
 log = logging.getLogger("tinyserve.requests")
+
+CANCEL_CLIENT = "client_disconnect"  # the client went away before the end
+CANCEL_ABORT = "frontend_abort"  # the frontend ended it (drain timeout, lost output)
+# The status of a reply whose headers went out before its body was done (an event stream).
+HEADERS_SENT = web.RequestKey("headers_sent", int)
 
 _TRACE_HEADERS = ("traceparent", "tracestate")
 # Endings that mark the request span with an error status even under a 200 (a stream's
@@ -66,13 +73,20 @@ def step(request: web.Request, record: RequestRecord, name: str) -> Iterator[Non
             raise
 
 
+def status_when_gone(request: web.Request) -> int:
+    """The status to record for ``request`` when its client went away: the one its headers
+    carried if they went out (a stream cut short was still a 200), else ``CLIENT_CLOSED``."""
+    sent: int = request.get(HEADERS_SENT, CLIENT_CLOSED)
+    return sent
+
+
 def admission_figures(
-    record: RequestRecord, limits: Limits, load: Load, rejection: Rejection | None
+    record: RequestRecord, limits: Limits, load: NodeLoad, refusal: NeverFits | NotNow | None
 ) -> dict[str, Any]:
     """The admission decision and the board figures it was based on (sent with the request)."""
     return {
-        "decision": "rejected" if rejection else "admitted",
-        "reason": rejection.reason if rejection else None,
+        "decision": "rejected" if refusal else "admitted",
+        "reason": refusal.label if refusal else None,
         "ms": record.ms_since_arrival(),
         "n_ctx": limits.n_ctx,
         "max_queue": limits.max_queue,
@@ -105,11 +119,8 @@ def log_fields(record: RequestRecord, code: int | None) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def observe(
-    request: web.Request, record: RequestRecord, on_end: Callable[[int | None], None]
-) -> Iterator[None]:
-    """Span and log line of one request around the pipeline that serves it; ``on_end`` gets
-    the HTTP status sent, or None when the client went away first."""
+def observe(request: web.Request, record: RequestRecord) -> Iterator[None]:
+    """Span, log line and metrics of one request around the pipeline that serves it."""
     record.span = _start_span(request, record)
     try:
         yield
@@ -128,7 +139,38 @@ def observe(
         log.info("request finished", extra=fields(**line))
         if record.span is not None:
             _end_span(record.span, line)
-        on_end(code)
+        count_end(record, code)
+
+
+def count_end(record: RequestRecord, code: int | None) -> None:
+    """The request is over: ``code`` is the HTTP status sent, None when none was."""
+    metrics = record.metrics
+    if metrics is None:
+        return
+    status = str(code if code is not None else CLIENT_CLOSED)
+    metrics.requests_total.labels(record.outcome(code), status).inc()
+    finish = record.replied_finish
+    if finish is None:
+        return
+    metrics.request_duration_seconds.observe(record.ns_since_arrival() / 1e9)
+    if finish.prompt_tokens:  # an end the engine reported (not one made up here)
+        metrics.request_prompt_tokens.observe(finish.prompt_tokens)
+        metrics.request_generation_tokens.observe(record.generated)
+
+
+def count_cancel(record: RequestRecord) -> None:
+    """The frontend asked the engine to stop this request (``record.cancel_reason``)."""
+    reason, finish = record.cancel_reason, record.replied_finish
+    if reason != protocol.FINISH_CANCELLED:
+        label = reason  # the frontend's own cause (a client that stopped reading)
+    elif finish is None:
+        label = CANCEL_CLIENT
+    elif record.engine_lost:
+        return  # nothing to stop: the engine went away
+    else:
+        label = CANCEL_ABORT
+    if record.metrics is not None:
+        record.metrics.cancellations_total.labels(label).inc()
 
 
 def _start_span(request: web.Request, record: RequestRecord) -> Span | None:

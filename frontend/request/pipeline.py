@@ -1,9 +1,9 @@
-"""The path every generation request takes once its surface has parsed it.
+"""The path every generation request takes once its surface has parsed and translated it.
 
 tokenize -> admit (its limits, the board) -> submit -> wait for the engine's first word
 (accepted or rejected) -> hand the stream to the surface's ``Reply``. Headers go out only after
 that first word, so an engine-side rejection is still a proper 503 and not a stream that ends in
-an error. ``/generate`` and the OpenAI routes differ only in how they parse and how they reply.
+an error. The surfaces differ only in how they parse and translate, and in how they reply.
 """
 
 from __future__ import annotations
@@ -13,25 +13,26 @@ import logging
 from aiohttp import web
 
 from tinyserve import protocol
-from tinyserve.frontend.http.api_errors import ApiError, invalid
-from tinyserve.frontend.http.appkeys import CLIENT, CONFIG, LINK, METRICS, TOKENIZER
-from tinyserve.frontend.http.backpressure import ClientStalled, drop_connection
 from tinyserve.frontend.link.engine_client import EngineUnreachable
+from tinyserve.frontend.link.streams import RequestStream
+from tinyserve.frontend.models.errors import ApiError, invalid
 from tinyserve.frontend.request import admission
 from tinyserve.frontend.request.generation import Generation, check_token_ids
-from tinyserve.frontend.request.meters import RequestMeter, count_rejection
-from tinyserve.frontend.request.observe import admission_figures, observe, step, trace_context
-from tinyserve.frontend.request.record import RequestRecord
-from tinyserve.frontend.request.reply_common import (
-    Reply,
-    engine_unavailable,
-    finish_error,
-    rejection_error,
+from tinyserve.frontend.request.observe import (
+    admission_figures,
+    count_cancel,
+    observe,
+    step,
+    trace_context,
 )
-from tinyserve.frontend.request.streams import Piece, RequestStream
+from tinyserve.frontend.request.record import RequestRecord
+from tinyserve.frontend.request.sse import ClientStalled, Reply, drop_connection
+from tinyserve.frontend.request.state import CLIENT, CONFIG, LINK, METRICS, TOKENIZER
 from tinyserve.logs import fields
 
 log = logging.getLogger(__name__)
+
+STAGE = "frontend"  # the admission_rejections_total stage of the refusals made here
 
 
 async def run(
@@ -43,71 +44,61 @@ async def run(
 ) -> web.StreamResponse:
     """Serve ``req`` (its prompt tokenized here unless ``prompt_ids`` are given); its record
     is what its span, its ``request finished`` log line and its metrics read."""
-    record = RequestRecord.of(request, req, request_id)
-    meter = RequestMeter(request.app[METRICS], record)
-    with observe(request, record, meter.end):
-        response = await _run(request, record, reply, prompt_ids, meter)
+    record = RequestRecord.of(request, req, request.app[METRICS], request_id)
+    with observe(request, record):
+        try:
+            prompt_ids = await tokenized(request, req, prompt_ids)
+            record.prompt_tokens, record.prompt_ids = len(prompt_ids), prompt_ids
+            with step(request, record, "admission"):
+                _admit(request, record)
+            response = await _forward(request, record, reply)
+        except ApiError as exc:  # its reply names the request its log line and metrics count
+            exc.request_id = record.request_id
+            raise
         record.status = response.status
         return response
 
 
-async def _run(
-    request: web.Request,
-    record: RequestRecord,
-    reply: Reply,
-    prompt_ids: list[int] | None,
-    meter: RequestMeter,
-) -> web.StreamResponse:
-    try:
-        prompt_ids = await _prompt_ids(request, record.generation, prompt_ids)
-        record.prompt_tokens, record.prompt_ids = len(prompt_ids), prompt_ids
-        with step(request, record, "admission"):
-            _admit(request, record)
-        submit = _submit_message(record, prompt_ids, request.app[CLIENT].frontend_id)
-        return await _forward(request, record, submit, reply, meter)
-    except ApiError as exc:  # its reply names the request its log line and metrics count
-        exc.request_id = record.request_id
-        raise
-
-
-async def _prompt_ids(request: web.Request, req: Generation, given: list[int] | None) -> list[int]:
-    """The prompt's token ids: tokenized here, or ``given`` and checked against the
-    vocabulary; an empty prompt is a 400."""
-    ack = request.app[LINK].ack
-    if ack is None:
-        raise engine_unavailable()
-    if given is None:
-        given = await request.app[TOKENIZER].tokenize(req.prompt)
+async def tokenized(
+    request: web.Request, req: Generation, given: list[int] | None = None
+) -> list[int]:
+    """The prompt's token ids: tokenized here (a chat prompt in its parts), or ``given`` and
+    checked against the vocabulary; an empty prompt is a 400."""
+    tokenizer = request.app[TOKENIZER]
+    if given is not None:
+        check_token_ids(given, admission.serving(request.app[LINK]).n_vocab)
+    elif isinstance(req.prompt, str):
+        given = await tokenizer.tokenize(req.prompt)
     else:
-        check_token_ids(given, ack.n_vocab)
+        given = await tokenizer.tokenize_chat(req.prompt)
     if not given:  # the models refuse an empty prompt; this keeps a missed case from the engine
         raise invalid("'prompt' tokenizes to 0 tokens", "prompt")
     return given
 
 
 def _admit(request: web.Request, record: RequestRecord) -> None:
-    """Its limits and the board; raises the rejection, if any."""
+    """Its limits and the board; raises the refusal, if any."""
     link = request.app[LINK]
     limits, load = link.limits, link.load()
     if limits is None or load is None:
-        raise engine_unavailable()
-    prompt_tokens, max_tokens = record.prompt_tokens, record.generation.max_tokens
+        raise admission.no_engine()
+    prompt_tokens, req = record.prompt_tokens, record.generation
     max_prompt = request.app[CONFIG].max_prompt_tokens
-    rejection = admission.admit(prompt_tokens, max_tokens, limits, load, max_prompt)
-    record.admission = admission_figures(record, limits, load, rejection)
-    if rejection is not None:
-        count_rejection(request.app[METRICS], rejection.reason)
-        raise rejection_error(rejection, record.generation.prompt_field)
+    refusal = admission.admit(
+        prompt_tokens, req.max_tokens, limits, load, max_prompt, req.prompt_field
+    )
+    record.admission = admission_figures(record, limits, load, refusal)
+    if refusal is not None:
+        request.app[METRICS].admission_rejections_total.labels(STAGE, refusal.label).inc()
+        raise refusal
 
 
-def _submit_message(
-    record: RequestRecord, prompt_ids: list[int], frontend_id: str
-) -> protocol.Submit:
+def _submit(record: RequestRecord, frontend_id: str) -> protocol.Submit:
     req = record.generation
     return protocol.Submit(
         request_id=record.request_id,
         frontend_id=frontend_id,
-        prompt_ids=prompt_ids,
+        prompt_ids=record.prompt_ids,
         sampling=req.sampling,
         max_tokens=req.max_tokens,
         priority=req.priority,
@@ -121,26 +112,15 @@ def _submit_message(
     )
 
 
-async def _forward(
-    request: web.Request,
-    record: RequestRecord,
-    submit: protocol.Submit,
-    reply: Reply,
-    meter: RequestMeter,
-) -> web.StreamResponse:
+async def _forward(request: web.Request, record: RequestRecord, reply: Reply) -> web.StreamResponse:
     """Send the request, reply from its stream, and make sure it does not outlive the handler."""
     client, link = request.app[CLIENT], request.app[LINK]
     try:
-        stream = client.submit(submit)
+        stream = client.submit(_submit(record, client.frontend_id))
     except EngineUnreachable as exc:
-        raise engine_unavailable() from exc
+        raise admission.no_engine() from exc
     link.publish()
-
-    def took(piece: Piece) -> None:  # as the reply takes each piece: the record, then the meter
-        record.take(piece)
-        meter.took(piece)
-
-    stream.on_piece = took
+    stream.on_take = record.take
     reason = protocol.FINISH_CANCELLED
     try:
         return await _reply(request, record, stream, reply)
@@ -153,26 +133,25 @@ async def _forward(
     finally:
         # Client gone (handler cancelled) or a failure of ours: the engine must not keep
         # generating for nobody. cancel() never waits, so this cannot hang a cancelled task.
+        stream.close()
         if not stream.engine_finished:
             client.cancel(record.request_id, reason)
             record.cancel_reason = reason
-            meter.cancel_sent()
+            count_cancel(record)
         client.release(record.request_id)
         if reason == protocol.FINISH_CLIENT_STALLED:
             drop_connection(request)
 
 
 async def _reply(
-    request: web.Request,
-    record: RequestRecord,
-    stream: RequestStream,
-    reply: Reply,
+    request: web.Request, record: RequestRecord, stream: RequestStream, reply: Reply
 ) -> web.StreamResponse:
     """Wait for the engine's first word; an early end is an HTTP error, else the reply runs."""
     early = await stream.acknowledged()
     if early is not None:
         record.finish = early
-        error = finish_error(early, request.app[LINK].load(), record.generation.prompt_field)
+        load = request.app[LINK].load()
+        error = admission.ending_error(early, load, record.generation.prompt_field)
         if error is not None:
             raise error
     record.replied = True

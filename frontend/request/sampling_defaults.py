@@ -7,15 +7,12 @@ without truncation made SmolLM2 answer "Hello! Auces retrofits delcat").
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, cast
-
-from pydantic import BaseModel
+from typing import Any, Literal
 
 from tinyserve.config import Config
-from tinyserve.frontend.request.generation import Generation
+from tinyserve.frontend.models.fields import Sampling
 
 # Field -> (its GGUF key, the built-in default).
 SOURCES: dict[str, tuple[str, float]] = {
@@ -31,6 +28,8 @@ Source = Literal["flag", "gguf", "built-in"]
 
 @dataclass(frozen=True)
 class SamplingDefaults:
+    """Read once, when the model's vocabulary loads."""
+
     values: dict[str, float | int]
     sources: dict[str, Source]  # where each value came from
 
@@ -58,12 +57,6 @@ def _number(text: str | None) -> float | None:
         return None
 
 
-def with_defaults(generation: Generation, req: BaseModel, defaults: SamplingDefaults) -> Generation:
-    """``generation`` with every default field the request left out (or sent as null)."""
-    left_out = {
-        name: value for name, value in defaults.values.items() if name not in req.model_fields_set
-    }
-    if not left_out:
-        return generation
-    sampling = dataclasses.replace(generation.sampling, **cast(dict[str, Any], left_out))
-    return dataclasses.replace(generation, sampling=sampling)
+def left_out(req: Sampling, defaults: SamplingDefaults) -> dict[str, Any]:
+    """The default fields ``req`` left out (or sent as null), with their values."""
+    return {name: v for name, v in defaults.values.items() if name not in req.model_fields_set}

@@ -14,20 +14,19 @@ import dataclasses
 
 from aiohttp import web
 
-from tinyserve.frontend.http.appkeys import CONFIG
-from tinyserve.frontend.models.parse import json_body, parse_body
+from tinyserve.frontend.models.parse import read_body
 from tinyserve.frontend.models.responses_requests import ResponsesRequest
 from tinyserve.frontend.openai.openai_handlers import chat_generation, check_model
 from tinyserve.frontend.request import pipeline
+from tinyserve.frontend.request.state import CONFIG
 from tinyserve.frontend.responses.responses_reply import ResponsesReply
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
     """Answer an input in the Responses API's shapes; JSON or SSE."""
-    req = parse_body(await json_body(request), ResponsesRequest, request.app[CONFIG])
+    req = await read_body(request, ResponsesRequest, request.app[CONFIG])
     check_model(request, req.model)
-    chat = req.chat_request()
-    generation, prompt_ids, parser = await chat_generation(request, chat)
+    generation, parser = await chat_generation(request, req.chat_request())
     # Thinking stays in the text here until the Responses API's reasoning items are served.
     reply = ResponsesReply(req, generation, dataclasses.replace(parser, reasoning=None))
-    return await pipeline.run(request, generation, reply, prompt_ids)
+    return await pipeline.run(request, generation, reply)

@@ -1,4 +1,4 @@
-"""Replies of ``POST /v1/responses``, on ``request.reply_common``'s shared machinery.
+"""Replies of ``POST /v1/responses``.
 
 JSON: a ``Response``. SSE, each event named by its type and numbered (``sequence_number``):
 ``response.created`` and ``response.in_progress``; for the message, ``output_item.added``,
@@ -14,14 +14,16 @@ Keep-alive comments fill silences (``--sse-ping-interval``); with ``return_progr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from tinyserve.frontend.http.api_errors import ApiError
-from tinyserve.frontend.http.appkeys import LINK
+from tinyserve.frontend.link.board_view import NodeLoad
+from tinyserve.frontend.link.streams import RequestStream
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.openai_reply_bodies import ToolCall
+from tinyserve.frontend.models.errors import ApiError
+from tinyserve.frontend.models.openai_replies import ToolCall
 from tinyserve.frontend.models.progress import PromptProgress
 from tinyserve.frontend.models.responses_replies import (
     ArgumentsDelta,
@@ -46,16 +48,12 @@ from tinyserve.frontend.models.responses_replies import (
 )
 from tinyserve.frontend.models.responses_requests import FunctionChoice, ResponsesRequest
 from tinyserve.frontend.openai.chat_output import ChatEvents, Ending, collect_ending
-from tinyserve.frontend.openai.openai_reply import openai_finish_error
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.record import RequestRecord
-from tinyserve.frontend.request.reply_common import (
-    LoadNow,
-    sse_event,
-    write_sse,
-)
-from tinyserve.frontend.request.streams import Finish, RequestStream
+from tinyserve.frontend.request.sse import sse_event, write_sse
+from tinyserve.frontend.request.state import LINK
 from tinyserve.frontend.structured.reply_parser import ReplyParser
+from tinyserve.protocol import RequestUpdate
 
 ID_PREFIX, MESSAGE_PREFIX, CALL_PREFIX = "resp_", "msg_", "fc_"
 
@@ -74,16 +72,15 @@ class ResponsesReply:
     ) -> web.StreamResponse:
         load = request.app[LINK].load
         if record.generation.stream:
-            events = _ResponseEvents(self, stream, record, load)
-            return await write_sse(request, record.request_id, events)
-        output, ending = await collect_ending(stream, load, self.parser)
+            events = _ResponseEvents(self, record, load)
+            return await write_sse(request, record.request_id, stream, events)
+        whole, ending = await collect_ending(stream, load, self.parser)
         status = _status(ending)
         items: list[OutputItem] = []
         if ending.text or not ending.calls:
             items.append(message(record, ending.text, status))
         items += [function_call(call, "completed") for call in ending.calls]
-        usage = _usage(record, output.finish, output.tokens)
-        body = self.response(record, status, items, usage)
+        body = self.response(record, status, items, _usage(record, whole))
         return json_response(body, headers={"X-Request-Id": record.request_id})
 
     def response(
@@ -152,8 +149,8 @@ def _status(ending: Ending) -> Status:
     return "incomplete" if ending.reason == "length" else "completed"
 
 
-def _usage(record: RequestRecord, finish: Finish, output_tokens: int) -> ResponsesUsage:
-    return ResponsesUsage.of(record.prompt_tokens_of(finish), output_tokens, finish.cached_tokens)
+def _usage(record: RequestRecord, end: RequestUpdate) -> ResponsesUsage:
+    return ResponsesUsage.of(record.prompt_tokens_of(end), record.generated, end.cached_tokens)
 
 
 class _ResponseEvents(ChatEvents):
@@ -161,9 +158,9 @@ class _ResponseEvents(ChatEvents):
     at the end, each event numbered."""
 
     def __init__(
-        self, reply: ResponsesReply, stream: RequestStream, record: RequestRecord, load: LoadNow
+        self, reply: ResponsesReply, record: RequestRecord, load: Callable[[], NodeLoad | None]
     ) -> None:
-        super().__init__(reply.parser, stream, record, load)
+        super().__init__(reply.parser, record, load)
         self._reply = reply
         self._sequence = 0
         self._items: list[OutputItem] = []  # done
@@ -239,11 +236,8 @@ class _ResponseEvents(ChatEvents):
         self._items.append(done)
         return events
 
-    async def end(self, finish: Finish) -> list[bytes]:
-        error = openai_finish_error(finish, self.load())
-        if error is not None:
-            return [self.failure(error)]
-        ending = self.output.end(finish)
+    async def end(self, end: RequestUpdate) -> list[bytes]:
+        ending = self.output.end(end)
         status = _status(ending)
         events = self.text(ending.text)
         if self._message_open or not ending.calls:
@@ -251,6 +245,6 @@ class _ResponseEvents(ChatEvents):
             events += self._close_message(status)
         for call in ending.calls:
             events += self._call(call)
-        usage = _usage(self.record, finish, self.tokens)
+        usage = _usage(self.record, end)
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         return [*events, self._lifecycle(kind, status, usage=usage)]

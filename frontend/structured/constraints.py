@@ -1,7 +1,7 @@
-"""What a request asks to constrain its output with, as the grammar the engine enforces, and
-the checks that need the served model: the grammar builds with its vocabulary, the
-``logit_bias`` token ids are in it. Each failure is a 400 naming the field; both outcomes
-are counted (``tinyserve_constrained_requests_total``)."""
+"""What a request asks to constrain its output with, as the grammar the engine enforces: a
+client's own GBNF, a JSON schema, any JSON object, or the grammar of tool calls. A schema
+that cannot be enforced is a 400 naming the field (the checks that need the served model
+are the pipeline's: ``request.generation.constrained``)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ import dataclasses
 import json
 from typing import Any
 
-from aiohttp import web
-
-from tinyserve.frontend.http.api_errors import ApiError, invalid
-from tinyserve.frontend.http.appkeys import LINK, METRICS, TOKENIZER
-from tinyserve.frontend.request.generation import Generation, check_token_ids
-from tinyserve.frontend.request.reply_common import engine_unavailable
+from tinyserve.frontend.models.chat import ChatCompletionRequest
+from tinyserve.frontend.models.errors import invalid
+from tinyserve.frontend.models.native import GenerateRequest
+from tinyserve.frontend.models.openai_requests import OpenAIRequest
+from tinyserve.frontend.structured import tool_calls
 from tinyserve.frontend.structured.json_schema import (
     ANY_JSON_OBJECT,
     SchemaError,
     schema_to_grammar,
 )
+from tinyserve.frontend.structured.reply_parser import ReplyParser
 
 # Metric sources.
 GRAMMAR, JSON_SCHEMA, JSON_OBJECT, TOOLS = "grammar", "json_schema", "json_object", "tools"
@@ -65,52 +65,35 @@ class Constraint:
         return f"root ::= {json.dumps(self.prefix)} ({root.removeprefix('root ::= ')})\n{rest}"
 
 
-def response_format_constraint(response_format: Any) -> Constraint:
-    """OpenAI's ``response_format`` (already validated)."""
+def of_generate(req: GenerateRequest) -> Constraint:
+    """``/generate``'s: ``grammar`` or ``json_schema`` (or nothing)."""
+    if req.json_schema is not None:
+        return Constraint("json_schema", schema=req.json_schema)
+    return Constraint("grammar", grammar=req.grammar)
+
+
+def of_openai(req: OpenAIRequest) -> Constraint:
+    """An OpenAI request's: ``grammar``, else the ``response_format``."""
+    if req.grammar:
+        return Constraint("grammar", grammar=req.grammar)
+    response_format = req.response_format
     kind = "text" if response_format is None else response_format.type
-    if kind == "json_schema":
+    if response_format is not None and response_format.type == "json_schema":
         schema = response_format.json_schema.schema_
         return Constraint("response_format", schema={} if schema is None else schema)
     return Constraint("response_format", json_object=kind == "json_object")
 
 
-async def constrained(
-    request: web.Request, generation: Generation, constraint: Constraint
-) -> Generation:
-    """``generation`` with the constraint's grammar, every check passed (else a 400)."""
-    source = constraint.source
-    try:
-        if source is not None:
-            sampling = dataclasses.replace(generation.sampling, grammar=constraint.build())
-            generation = dataclasses.replace(generation, sampling=sampling)
-        await _check(request, generation, constraint.field)
-    except ApiError:
-        if source is not None:
-            _count(request, source, "invalid")
-        raise
-    if source is not None:
-        _count(request, source, "ok")
-    return generation
-
-
-def _count(request: web.Request, source: str, result: str) -> None:
-    metric = request.app[METRICS].counter("tinyserve_constrained_requests_total")
-    metric.labels(source, result).inc()
-
-
-async def _check(request: web.Request, generation: Generation, field: str) -> None:
-    sampling = generation.sampling
-    if sampling.logit_bias:
-        ack = request.app[LINK].ack
-        if ack is None:
-            raise engine_unavailable()
-        check_token_ids(sampling.logit_bias, ack.n_vocab, "logit_bias")
-    if not sampling.grammar:
-        return
-    if sampling.ignore_eos or sampling.min_tokens:
-        which = "ignore_eos" if sampling.ignore_eos else "min_tokens"
-        message = f"'{which}' cannot be combined with '{field}': the output must end where it does"
-        raise invalid(message, which)
-    problem = await request.app[TOKENIZER].grammar_problem(sampling.grammar)
-    if problem is not None:
-        raise invalid(f"'{field}' does not compile: {problem}", field)
+def of_chat(req: ChatCompletionRequest, parser: ReplyParser) -> Constraint:
+    """A chat request's: its ``grammar``, else the grammar of a reply that may call tools
+    (in the syntax ``parser`` reads), else the ``response_format``'s; those built here begin
+    as ``parser`` says (``ReplyParser.grammar_prefix``)."""
+    if req.grammar or not req.calls_tools:
+        constraint = of_openai(req)
+    else:
+        assert parser.tools is not None, "the parser of a reply that may call tools"
+        choice = req.tool_choice or "auto"
+        parallel = req.parallel_tool_calls
+        grammar = tool_calls.tools_grammar(req.tools, choice, parallel, parser.tools)
+        constraint = Constraint("tools", grammar=grammar, tools=True)
+    return dataclasses.replace(constraint, prefix=parser.grammar_prefix)

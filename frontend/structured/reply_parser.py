@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tinyserve.frontend.models.openai_reply_bodies import FinishReason, ToolCall
+from tinyserve.frontend.models.openai_replies import FinishReason, ToolCall
 from tinyserve.frontend.structured.reasoning import ReasoningSplit, ReasoningTags, held_from
 from tinyserve.frontend.structured.tool_calls import parse_calls
 from tinyserve.frontend.structured.tool_syntax import ToolSyntax

@@ -27,8 +27,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tinyserve.frontend.http.api_errors import invalid
-from tinyserve.frontend.models.openai_reply_bodies import FunctionCall, ToolCall
+from tinyserve.frontend.models.errors import invalid
+from tinyserve.frontend.models.openai_replies import FunctionCall, ToolCall
 from tinyserve.frontend.models.tools import NamedToolChoice, Tool, ToolCallIn, ToolChoice
 from tinyserve.frontend.structured.json_schema import PRIMITIVES, SchemaError, schema_rules
 from tinyserve.frontend.structured.tool_syntax import GENERIC, ToolSyntax

@@ -10,10 +10,9 @@ from typing import TypeVar
 from aiohttp import web
 
 from tinyserve.config import DEFAULT_CTX_PER_SLOT
-from tinyserve.frontend.http.api_errors import MODEL_NOT_FOUND, ApiError
-from tinyserve.frontend.http.appkeys import CHAT_TEMPLATE, CONFIG, LINK, TOKENIZER
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.parse import json_body, parse_body
+from tinyserve.frontend.models.errors import MODEL_NOT_FOUND, ApiError
+from tinyserve.frontend.models.parse import read_body
 from tinyserve.frontend.models.tokenize import (
     DetokenizeReply,
     DetokenizeRequest,
@@ -21,7 +20,9 @@ from tinyserve.frontend.models.tokenize import (
     TokenizeRequest,
     TokenizerInfo,
 )
+from tinyserve.frontend.prompt import conversation
 from tinyserve.frontend.request.generation import check_token_ids
+from tinyserve.frontend.request.state import CHAT_TEMPLATE, CONFIG, LINK, TOKENIZER
 from tinyserve.model import model_name
 
 TOKENIZER_CLASS = "llama.cpp"  # the GGUF's own vocabulary, through llama.cpp
@@ -33,7 +34,8 @@ async def tokenize(request: web.Request) -> web.Response:
     req = await _parsed(request, TokenizeRequest)
     tokenizer = app[TOKENIZER]
     if req.messages is not None:
-        ids = await tokenizer.tokenize_chat(req.conversation.render(app[CHAT_TEMPLATE]))
+        prompt = conversation.render(app[CHAT_TEMPLATE], req, req.messages)
+        ids = await tokenizer.tokenize_chat(prompt)
     else:
         assert req.prompt is not None
         add_special = req.add_special_tokens is not False
@@ -76,7 +78,7 @@ B = TypeVar("B", TokenizeRequest, DetokenizeRequest)
 
 async def _parsed(request: web.Request, model: type[B]) -> B:
     """The body as ``model``; a ``model`` field, when given, must name the served model."""
-    req = parse_body(await json_body(request), model, request.app[CONFIG])
+    req = await read_body(request, model, request.app[CONFIG])
     if req.model is not None:
         check_model(request, req.model)
     return req

@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestClient
 
 from tinyserve import protocol
 from tinyserve.config import Config
-from tinyserve.frontend.http.appkeys import LINK
+from tinyserve.frontend.request.state import LINK
 from tinyserve_native.board import Board
 
 Tick = list[dict[str, Any]]

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient
 
 from tests.frontend.harness import FakeEngine, Tick, accepted
 from tinyserve import protocol
-from tinyserve.frontend.http.appkeys import TOKENIZER
+from tinyserve.frontend.request.state import TOKENIZER
 
 Client = TestClient[Any, Any]
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]

@@ -18,7 +18,7 @@ from tinyserve.config import Config, build_config
 from tinyserve.frontend.dashboard import handlers
 from tinyserve.frontend.dashboard.hub import FEED_HUB, LEASE_S
 from tinyserve.frontend.http.app import build_app
-from tinyserve.frontend.http.gate import GATE
+from tinyserve.frontend.request.state import GATE
 
 Client = TestClient[Any, Any]
 

@@ -20,7 +20,7 @@ from tests.frontend.request.test_meters import delta, scrape
 from tinyserve import protocol
 from tinyserve.config import Config, build_config
 from tinyserve.frontend.http.app import build_app
-from tinyserve.frontend.http.appkeys import CLIENT
+from tinyserve.frontend.request.state import CLIENT
 
 Client = TestClient[Any, Any]
 TICKS = 3000

@@ -16,7 +16,7 @@ from tests.frontend.harness import FakeEngine, accepted, until, wait_serving
 from tinyserve import protocol
 from tinyserve.config import Config, build_config
 from tinyserve.frontend.http.app import build_app
-from tinyserve.frontend.http.gate import GATE
+from tinyserve.frontend.request.state import GATE
 
 Client = TestClient[Any, Any]
 LONG_PROMPT = "one two three four five six seven eight nine ten"

@@ -13,7 +13,6 @@ from aiohttp.test_utils import TestClient
 from tests.frontend.harness import FakeEngine, accepted, with_logprobs
 from tinyserve import protocol
 from tinyserve.config import build_config
-from tinyserve.frontend.http.api_errors import ApiError
 from tinyserve.frontend.http.openapi_document import document
 from tinyserve.frontend.models import (
     anthropic_requests,
@@ -23,6 +22,7 @@ from tinyserve.frontend.models import (
     responses_requests,
     tokenize,
 )
+from tinyserve.frontend.models.errors import ApiError
 from tinyserve.frontend.models.parse import parse_body
 
 Client = TestClient[Any, Any]

@@ -10,9 +10,9 @@ from aiohttp.test_utils import TestClient
 from tests.frontend.harness import FakeEngine, until
 from tinyserve import protocol
 from tinyserve.config import Config
-from tinyserve.frontend.http.appkeys import CLIENT
 from tinyserve.frontend.link.engine_client import DRAIN_BATCH, EngineClient
-from tinyserve.frontend.request.streams import RequestStream
+from tinyserve.frontend.link.streams import RequestStream
+from tinyserve.frontend.request.state import CLIENT
 
 Client = TestClient[Any, Any]
 

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from tests.frontend.harness import FakeEngine, accepted, until, wait_serving
 from tinyserve.config import Config, build_config
 from tinyserve.frontend.http.app import build_app
-from tinyserve.frontend.http.appkeys import CLIENT, LINK
+from tinyserve.frontend.request.state import CLIENT, LINK
 from tinyserve_native.board import Board
 
 Client = TestClient[Any, Any]

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient
 
 from tests.frontend.harness import FakeEngine
 from tinyserve import protocol
-from tinyserve.frontend.http.appkeys import CLIENT
+from tinyserve.frontend.request.state import CLIENT
 
 Client = TestClient[Any, Any]
 

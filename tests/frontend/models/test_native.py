@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from tinyserve.config import build_config
-from tinyserve.frontend.http.api_errors import ApiError
+from tinyserve.frontend.models.errors import ApiError
 from tinyserve.frontend.models.native import GenerateRequest
 from tinyserve.frontend.models.parse import parse_body
+from tinyserve.frontend.native.native_handlers import generation_of
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.protocol import SamplingParams
 
@@ -19,7 +20,7 @@ CONFIG = build_config({"max_tokens_limit": 512, "default_max_tokens": 32}, envir
 
 def parse(body: Any) -> Generation:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return parse_body(raw, GenerateRequest, CONFIG).generation(CONFIG)
+    return generation_of(parse_body(raw, GenerateRequest, CONFIG), CONFIG)
 
 
 def rejected(body: Any) -> ApiError:

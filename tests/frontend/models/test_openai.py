@@ -10,12 +10,15 @@ from openai.types.chat.parsed_chat_completion import ParsedChatCompletionMessage
 from openai.types.chat.parsed_function_tool_call import ParsedFunction, ParsedFunctionToolCall
 
 from tinyserve.config import build_config
-from tinyserve.frontend.http.api_errors import ApiError
 from tinyserve.frontend.models.chat import ChatCompletionRequest
+from tinyserve.frontend.models.errors import ApiError
 from tinyserve.frontend.models.openai_requests import CompletionRequest
 from tinyserve.frontend.models.parse import parse_body
-from tinyserve.frontend.openai.chat_template import ChatMessage
+from tinyserve.frontend.openai.openai_handlers import chat_generation_of, completion_generation
+from tinyserve.frontend.prompt.chat_template import TemplateMessage
+from tinyserve.frontend.prompt.conversation import template_messages
 from tinyserve.frontend.request.generation import Generation
+from tinyserve.frontend.structured import constraints
 from tinyserve.protocol import SamplingParams
 
 CONFIG = build_config({"max_tokens_limit": 512, "default_max_tokens": 32}, environ={})
@@ -32,6 +35,14 @@ def chat(**body: Any) -> ChatCompletionRequest:
     return parse_body(raw, ChatCompletionRequest, CONFIG)
 
 
+def msg(role: str, content: str, name: str | None = None) -> TemplateMessage:
+    """A message as the chat template takes it."""
+    message: TemplateMessage = {"role": role, "content": content}
+    if name is not None:
+        message["name"] = name
+    return message
+
+
 def rejected(parse: Any, **body: Any) -> ApiError:
     with pytest.raises(ApiError) as info:
         parse(**body)
@@ -42,7 +53,7 @@ def rejected(parse: Any, **body: Any) -> ApiError:
 def test_completion_defaults_follow_openai() -> None:
     req = completion()
     expected = Generation("p", 32, SamplingParams(temperature=1.0))
-    assert (req.model, req.generation(CONFIG)) == ("m", expected)
+    assert (req.model, completion_generation(req, CONFIG)) == ("m", expected)
     assert req.prompt == ["p"] and not req.include_usage
 
 
@@ -57,7 +68,7 @@ def test_every_completion_field() -> None:
         0.5, 0.9, 4, 3, ["a", "b"],
         presence_penalty=0.5, frequency_penalty=-1.0, logprobs=2, ignore_eos=True,
     )  # fmt: skip
-    assert req.generation(CONFIG) == Generation(
+    assert completion_generation(req, CONFIG) == Generation(
         "p", 7, sampling, stream=True, priority=2, tenant="t"
     )
     assert req.include_usage
@@ -69,12 +80,12 @@ def test_every_chat_field() -> None:
         stop="x", metadata={"k": "v"}, store=False, parallel_tool_calls=True,
         response_format={"type": "text"}, tools=[], tool_choice="none", modalities=["text"],
     )  # fmt: skip
-    generation = req.generation(CONFIG)
+    generation = chat_generation_of(req, CONFIG)
     assert (generation.max_tokens, generation.sampling.logprobs) == (9, 3)
     sampling = generation.sampling
     assert (sampling.temperature, sampling.seed, sampling.stop) == (0.0, 1, ["x"])
-    assert req.conversation.template_messages() == [ChatMessage("user", "hi")]
-    assert req.conversation.ends_with_generation_prompt and not req.continue_final_message
+    assert template_messages(req, req.messages) == [msg("user", "hi")]
+    assert req.ends_with_generation_prompt and not req.continue_final_message
 
 
 @pytest.mark.parametrize(("name", "value"), [("frobnicate", 1), ("functions_x", None)])
@@ -101,17 +112,17 @@ def test_null_is_the_default_for_every_known_field() -> None:
     fields = ChatCompletionRequest.model_fields
     req = chat(**{name: None for name, field in fields.items() if not field.is_required()})
     expected = Generation("", 32, SamplingParams(temperature=1.0), prompt_field="messages")
-    assert req.generation(CONFIG) == expected
+    assert chat_generation_of(req, CONFIG) == expected
 
 
 def test_a_null_schema_in_response_format_is_any_json() -> None:
     # The document lets every optional property be null, nested ones too.
-    constraints = [
-        chat(response_format={"type": "json_schema", "json_schema": spec}).constraint()
+    built = [
+        constraints.of_openai(chat(response_format={"type": "json_schema", "json_schema": spec}))
         for spec in ({"name": "n", "schema": None}, {"name": "n"})
     ]
-    assert constraints[0] == constraints[1]
-    assert constraints[0].schema == {}
+    assert built[0] == built[1]
+    assert built[0].schema == {}
 
 
 def test_a_bool_is_no_default_number() -> None:
@@ -148,45 +159,52 @@ def test_bad_completion_fields(body: dict[str, Any], param: str) -> None:
 
 
 def test_prompt_forms() -> None:
-    assert completion(prompt=["one"]).generation(CONFIG).prompt == "one"
+    assert completion_generation(completion(prompt=["one"]), CONFIG).prompt == "one"
     assert completion(prompt=[5, 6]).prompt == [[5, 6]]
     assert completion(prompt=[[5, 6]]).prompt == [[5, 6]]
     assert completion(prompt=[5.0]).prompt == [[5]]
     several = completion(prompt=["a", "b"])
-    assert several.prompt == ["a", "b"] and several.generation(CONFIG).prompt == ""
+    assert several.prompt == ["a", "b"] and completion_generation(several, CONFIG).prompt == ""
     assert completion(prompt=[[1], [2, 3]]).prompt == [[1], [2, 3]]
 
 
 def test_echo_n_and_max_tokens_0() -> None:
     req = completion(echo=True, max_tokens=0, logprobs=2, n=3)
-    generation = req.generation(CONFIG)
+    generation = completion_generation(req, CONFIG)
     assert (generation.max_tokens, generation.prompt_logprobs, req.n) == (0, 2, 3)
-    assert completion(logprobs=2).generation(CONFIG).prompt_logprobs == -1  # without echo
-    assert completion(echo=True).generation(CONFIG).prompt_logprobs == -1  # without logprobs
+    assert (
+        completion_generation(completion(logprobs=2), CONFIG).prompt_logprobs == -1
+    )  # without echo
+    assert (
+        completion_generation(completion(echo=True), CONFIG).prompt_logprobs == -1
+    )  # without logprobs
 
 
 def test_user_is_the_tenant_unless_tenant_is_given() -> None:
-    assert completion(user="team-a").generation(CONFIG).tenant == "team-a"
-    hashed = completion(user="someone@example.com").generation(CONFIG).tenant
+    assert completion_generation(completion(user="team-a"), CONFIG).tenant == "team-a"
+    hashed = completion_generation(completion(user="someone@example.com"), CONFIG).tenant
     assert (
         hashed.startswith("user-")
-        and hashed == completion(user="someone@example.com").generation(CONFIG).tenant
+        and hashed == completion_generation(completion(user="someone@example.com"), CONFIG).tenant
     )
-    assert completion(user="someone@example.com", tenant="t").generation(CONFIG).tenant == "t"
-    assert completion(user="").generation(CONFIG).tenant == "default"
+    assert (
+        completion_generation(completion(user="someone@example.com", tenant="t"), CONFIG).tenant
+        == "t"
+    )
+    assert completion_generation(completion(user=""), CONFIG).tenant == "default"
 
 
 def test_chat_logprobs() -> None:
-    assert chat().generation(CONFIG).sampling.logprobs == -1
-    assert chat(logprobs=True).generation(CONFIG).sampling.logprobs == 0
-    assert chat(logprobs=True, top_logprobs=5).generation(CONFIG).sampling.logprobs == 5
+    assert chat_generation_of(chat(), CONFIG).sampling.logprobs == -1
+    assert chat_generation_of(chat(logprobs=True), CONFIG).sampling.logprobs == 0
+    assert chat_generation_of(chat(logprobs=True, top_logprobs=5), CONFIG).sampling.logprobs == 5
     assert rejected(chat, top_logprobs=2).param == "top_logprobs"
     assert rejected(chat, logprobs=True, top_logprobs=6).param == "top_logprobs"
 
 
 def test_max_tokens_and_max_completion_tokens() -> None:
-    assert chat(max_tokens=5).generation(CONFIG).max_tokens == 5
-    assert chat(max_tokens=5, max_completion_tokens=5).generation(CONFIG).max_tokens == 5
+    assert chat_generation_of(chat(max_tokens=5), CONFIG).max_tokens == 5
+    assert chat_generation_of(chat(max_tokens=5, max_completion_tokens=5), CONFIG).max_tokens == 5
     assert rejected(chat, max_tokens=5, max_completion_tokens=6).param == "max_completion_tokens"
     assert rejected(chat, max_completion_tokens=10_000).param == "max_completion_tokens"
 
@@ -198,11 +216,12 @@ def test_messages_roles_and_content() -> None:
         {"role": "assistant", "content": None, "tool_calls": None, "refusal": None},
         {"role": "user", "content": "c", "name": "bob"},
     ]
-    assert chat(messages=messages).conversation.template_messages() == [
-        ChatMessage("system", "be brief"),
-        ChatMessage("user", "a\nb"),
-        ChatMessage("assistant", ""),
-        ChatMessage("user", "c", "bob"),
+    req = chat(messages=messages)
+    assert template_messages(req, req.messages) == [
+        msg("system", "be brief"),
+        msg("user", "a\nb"),
+        msg("assistant", ""),
+        msg("user", "c", "bob"),
     ]
 
 
@@ -216,8 +235,9 @@ def test_a_reply_message_the_openai_client_parsed_can_be_sent_back_as_it_came() 
         role="assistant", content='{"a": 1}', parsed={"a": 1}, tool_calls=[call]
     )
     messages = [{"role": "user", "content": "a"}, reply.model_dump()]
-    [_, assistant] = chat(messages=messages).conversation.template_messages()
-    assert assistant.role == "assistant" and assistant.content.startswith('{"a": 1}')
+    req = chat(messages=messages)
+    [_, assistant] = template_messages(req, req.messages)
+    assert assistant["role"] == "assistant" and assistant["content"].startswith('{"a": 1}')
 
 
 @pytest.mark.parametrize(
@@ -243,7 +263,7 @@ def test_bad_messages(messages: Any, param: str) -> None:
 def test_continue_final_message() -> None:
     prefill = [*USER, {"role": "assistant", "content": "Sure"}]
     req = chat(messages=prefill, continue_final_message=True)
-    assert req.continue_final_message and not req.conversation.ends_with_generation_prompt
+    assert req.continue_final_message and not req.ends_with_generation_prompt
     assert not chat(messages=prefill, add_generation_prompt=False).continue_final_message
     both = {"continue_final_message": True, "add_generation_prompt": True}
     assert rejected(chat, messages=prefill, **both).param == "add_generation_prompt"
@@ -252,9 +272,11 @@ def test_continue_final_message() -> None:
 
 def test_a_grammar_constrains_either_route_unless_something_else_does() -> None:
     grammar = 'root ::= "yes" | "no"'
-    assert completion(grammar=grammar).constraint().grammar == grammar
+    assert constraints.of_openai(completion(grammar=grammar)).grammar == grammar
     tool = {"type": "function", "function": {"name": "f"}}
-    assert chat(grammar=grammar, tools=[tool]).generation(CONFIG).sampling.grammar == grammar
+    assert (
+        chat_generation_of(chat(grammar=grammar, tools=[tool]), CONFIG).sampling.grammar == grammar
+    )
     json_format = {"type": "json_object"}
     assert rejected(completion, grammar=grammar, response_format=json_format).param == "grammar"
     assert rejected(chat, grammar=grammar, response_format=json_format).param == "grammar"

@@ -7,25 +7,24 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tinyserve import protocol
+from tinyserve.frontend.link.board_view import Limits, NodeLoad
 from tinyserve.frontend.request.admission import (
     PROMPT_TOO_LONG,
     RETRY_MAX_S,
     RETRY_MIN_S,
     RETRY_UNKNOWN_S,
-    Limits,
-    Load,
     admit,
-    engine_rejection,
+    engine_refusal,
     retry_after_s,
 )
 
 LIMITS = Limits(max_queue=8, n_ctx=1600)
 
 
-def load(**changes: float) -> Load:
+def load(**changes: float) -> NodeLoad:
     base = {"waiting": 0, "running": 0, "drain_rate": 2.0}
     base.update(changes)
-    return Load(**base)  # type: ignore[arg-type]
+    return NodeLoad(**base)  # type: ignore[arg-type]
 
 
 def test_admits_when_there_is_room() -> None:
@@ -36,7 +35,7 @@ def test_never_fits_is_a_400() -> None:
     # A slot of 1600 cells: 1601 tokens can never fit, however empty the engine.
     rejection = admit(1000, 601, LIMITS, load())
     assert rejection is not None
-    assert rejection.status == 400 and rejection.reason == protocol.REJECT_TOO_LONG
+    assert rejection.status == 400 and rejection.label == protocol.REJECT_TOO_LONG
     assert rejection.retry_after is None
     assert admit(1000, 600, LIMITS, load()) is None
 
@@ -46,18 +45,18 @@ def test_over_the_context_or_the_prompt_limit_is_a_400_naming_it() -> None:
     assert admit(90, 10, small, load()) is None
     rejection = admit(91, 10, small, load())
     assert rejection is not None and rejection.status == 400
-    assert rejection.reason == protocol.REJECT_TOO_LONG and "(100)" in rejection.message
+    assert rejection.label == protocol.REJECT_TOO_LONG and "(100)" in rejection.message
     assert admit(5, 10, small, load(), max_prompt_tokens=5) is None
     rejection = admit(6, 10, small, load(waiting=100), max_prompt_tokens=5)
     assert rejection is not None and rejection.status == 400
-    assert rejection.reason == PROMPT_TOO_LONG and "at most 5" in rejection.message
+    assert rejection.label == PROMPT_TOO_LONG and "at most 5" in rejection.message
 
 
 def test_queue_full_counts_engine_waiting_and_pending() -> None:
     assert admit(10, 6, LIMITS, load(waiting=4, pending_requests=3)) is None
     rejection = admit(10, 6, LIMITS, load(waiting=4, pending_requests=4))
     assert rejection is not None
-    assert (rejection.status, rejection.reason) == (503, protocol.REJECT_QUEUE_FULL)
+    assert (rejection.status, rejection.label) == (503, protocol.REJECT_QUEUE_FULL)
     assert rejection.retry_after is not None
 
 
@@ -75,13 +74,13 @@ def test_a_long_request_waits_for_a_slot_like_any_other() -> None:
     limits = Limits(max_queue=2, n_ctx=4096, slots=4)
     assert admit(2000, 2000, limits, load(running=4, waiting=1)) is None
     rejection = admit(2000, 2000, limits, load(running=4, waiting=2))
-    assert rejection is not None and rejection.reason == protocol.REJECT_QUEUE_FULL
+    assert rejection is not None and rejection.label == protocol.REJECT_QUEUE_FULL
 
 
 def test_draining_engine_takes_nothing() -> None:
     rejection = admit(10, 6, LIMITS, load(draining=True))
     assert rejection is not None
-    assert (rejection.status, rejection.reason) == (503, protocol.REJECT_DRAINING)
+    assert (rejection.status, rejection.label) == (503, protocol.REJECT_DRAINING)
 
 
 def test_retry_after_follows_drain_rate() -> None:
@@ -116,11 +115,11 @@ def test_queue_full_retry_after_grows_with_the_queue_ahead() -> None:
 
 
 def test_engine_rejections_map_to_status() -> None:
-    too_long = engine_rejection(protocol.REJECT_TOO_LONG, load())
+    too_long = engine_refusal(protocol.REJECT_TOO_LONG, load())
     assert (too_long.status, too_long.retry_after) == (400, None)
-    full = engine_rejection(protocol.REJECT_QUEUE_FULL, load(waiting=3, drain_rate=1.0))
+    full = engine_refusal(protocol.REJECT_QUEUE_FULL, load(waiting=3, drain_rate=1.0))
     assert (full.status, full.reason, full.retry_after) == (503, "queue_full", 4)
-    draining = engine_rejection(protocol.REJECT_DRAINING, load())
+    draining = engine_refusal(protocol.REJECT_DRAINING, load())
     assert (draining.status, draining.reason) == (503, "draining")
 
 
@@ -140,7 +139,7 @@ def test_admitted_requests_fit(
         assert waiting + pending < LIMITS.max_queue
         assert prompt + max_tokens <= LIMITS.n_ctx
     elif rejection.status == 503:
-        assert rejection.reason == protocol.REJECT_QUEUE_FULL
+        assert rejection.label == protocol.REJECT_QUEUE_FULL
         assert rejection.retry_after is not None
         assert RETRY_MIN_S <= rejection.retry_after <= RETRY_MAX_S
     else:

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.frontend.harness import MAX_QUEUE, FakeEngine, Tick, accepted, until
 from tinyserve import protocol
-from tinyserve.frontend.http.metrics_route import UNMATCHED_ROUTE
+from tinyserve.frontend.http.middlewares import UNMATCHED_ROUTE
 
 Client = TestClient[Any, Any]
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

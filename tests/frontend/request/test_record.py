@@ -7,7 +7,11 @@ import time
 from tinyserve import protocol
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.record import RequestRecord
-from tinyserve.frontend.request.streams import Finish, Piece
+
+
+def taken(text: bytes = b"", tokens: int = 0, **end: object) -> protocol.RequestUpdate:
+    """An update as a reply takes it: ``tokens`` tokens, maybe the end."""
+    return protocol.RequestUpdate("r", 0, list(range(tokens)), text, **end)  # type: ignore[arg-type]
 
 
 def record() -> RequestRecord:
@@ -24,13 +28,13 @@ def test_each_record_mints_its_own_id_and_stamps_its_arrival() -> None:
 
 def test_ttft_is_arrival_to_the_first_piece_with_tokens() -> None:
     rec = record()
-    rec.take(Piece(""))  # no tokens (a partial character): not the first token
+    rec.take(taken())  # no tokens (a partial character): not the first token
     assert rec.ttft_ns is None and rec.generated == 0
-    rec.take(Piece("a", tokens=1))
+    rec.take(taken(b"a", tokens=1))
     ttft = rec.ttft_ns
     assert ttft is not None and ttft == rec.first_token_ns - rec.arrival_ns > 0
     assert rec.token_gap_ns == 0
-    rec.take(Piece("bc", tokens=2))
+    rec.take(taken(b"bc", tokens=2))
     assert rec.ttft_ns == ttft  # later pieces leave it alone
     assert rec.token_gap_ns == rec.last_token_ns - rec.first_token_ns > 0
     assert rec.generated == 3
@@ -39,14 +43,14 @@ def test_ttft_is_arrival_to_the_first_piece_with_tokens() -> None:
 def test_finish_taken_by_the_reply_is_the_replied_finish() -> None:
     rec = record()
     rec.replied = True
-    rec.take(Piece("", finish=Finish(protocol.FINISH_LENGTH, prompt_tokens=2)))
+    rec.take(taken(finish_reason=protocol.FINISH_LENGTH, prompt_tokens=2))
     assert rec.replied_finish is rec.finish and rec.finish is not None
-    assert rec.finish.reason == protocol.FINISH_LENGTH
+    assert rec.finish.finish_reason == protocol.FINISH_LENGTH
 
 
 def test_an_end_before_acceptance_is_the_outcome_but_no_replied_finish() -> None:
     rec = record()
-    rec.finish = Finish(protocol.FINISH_REJECTED, "queue_full")
+    rec.finish = taken(finish_reason=protocol.FINISH_REJECTED, detail="queue_full")
     assert rec.replied_finish is None
 
 
@@ -59,5 +63,5 @@ def test_time_since_arrival_grows() -> None:
 def test_prompt_length_is_the_engines_figure_else_our_own_count() -> None:
     rec = record()
     rec.prompt_tokens = 5
-    assert rec.prompt_tokens_of(Finish(protocol.FINISH_STOP, prompt_tokens=7)) == 7
-    assert rec.prompt_tokens_of(Finish(protocol.FINISH_ERROR, "made up here")) == 5
+    assert rec.prompt_tokens_of(taken(finish_reason=protocol.FINISH_STOP, prompt_tokens=7)) == 7
+    assert rec.prompt_tokens_of(taken(finish_reason=protocol.FINISH_ERROR, detail="made up")) == 5

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from tinyserve.config import build_config
 from tinyserve.frontend.models.chat import ChatCompletionRequest
-from tinyserve.frontend.request.sampling_defaults import sampling_defaults, with_defaults
+from tinyserve.frontend.openai.openai_handlers import chat_generation_of
+from tinyserve.frontend.request.sampling_defaults import sampling_defaults
 
 CONFIG = build_config({"default_max_tokens": 32}, environ={})
 
@@ -27,7 +28,7 @@ def test_only_fields_left_out_or_null_take_defaults() -> None:
     defaults = sampling_defaults(CONFIG, {})
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     req = ChatCompletionRequest.model_validate({**body, "temperature": 0, "top_p": None})
-    sampling = with_defaults(req.generation(CONFIG), req, defaults).sampling
+    sampling = chat_generation_of(req, CONFIG, defaults).sampling
     assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p) == (
         0.0, 0.95, 40, 0.05
     )  # fmt: skip

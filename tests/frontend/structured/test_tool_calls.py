@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tinyserve.frontend.http.api_errors import ApiError
+from tinyserve.frontend.models.errors import ApiError
 from tinyserve.frontend.models.tools import NamedToolChoice, Tool
 from tinyserve.frontend.structured import tool_calls
 from tinyserve.frontend.structured.tool_syntax import GENERIC, HERMES, LLAMA3, MISTRAL, ToolSyntax

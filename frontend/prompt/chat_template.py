@@ -18,15 +18,14 @@ import json
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any, NoReturn, NotRequired, Protocol, TypedDict
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from tinyserve.frontend.http.api_errors import invalid
-from tinyserve.frontend.request.tokenizer import ChatPrompt, PromptPart, VocabFacts
+from tinyserve.frontend.models.errors import invalid
 from tinyserve.frontend.structured.reasoning import detect_reasoning_tags
 from tinyserve.frontend.structured.reply_parser import ReplyParser
 from tinyserve.frontend.structured.tool_syntax import detect_tool_syntax
@@ -41,28 +40,56 @@ _MARK_PATTERN = re.compile("\x00tinyserve-text-(\\d+)\x00")
 _RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, LookupError)
 
 
-@dataclass(frozen=True)
-class ChatMessage:
-    """One message of a conversation, already checked (role in ``ROLES``, text content);
-    an assistant's ``tool_calls`` and a tool result's ``tool_call_id`` as Hugging Face's
-    conversations hold them (for templates with their own tool syntax)."""
+class TemplateFacts(Protocol):
+    """What a model file says that its chat template needs (``tokenizer.VocabFacts``)."""
+
+    @property
+    def chat_template(self) -> str | None: ...
+    @property
+    def bos_text(self) -> str: ...
+    @property
+    def eos_text(self) -> str: ...
+
+
+class TemplateMessage(TypedDict):
+    """One message as a template iterates over it, as Hugging Face passes it: already checked
+    (role, text content); an assistant's ``tool_calls`` and a tool result's ``tool_call_id``
+    for templates with their own tool syntax (templates ask whether the key is there)."""
 
     role: str
     content: str
-    name: str | None = None
-    tool_calls: tuple[dict[str, Any], ...] = ()
-    tool_call_id: str | None = None
+    name: NotRequired[str]
+    tool_calls: NotRequired[list[dict[str, Any]]]
+    tool_call_id: NotRequired[str]
 
-    def as_dict(self) -> dict[str, Any]:
-        """The mapping a template iterates over, as Hugging Face passes it."""
-        message: dict[str, Any] = {"role": self.role, "content": self.content}
-        if self.name is not None:
-            message["name"] = self.name
-        if self.tool_calls:  # templates ask whether the key is there
-            message["tool_calls"] = list(self.tool_calls)
-        if self.tool_call_id is not None:
-            message["tool_call_id"] = self.tool_call_id
-        return message
+
+@dataclass(frozen=True)
+class PromptPart:
+    """A run of a rendered prompt: the template's own ``markup`` (its control tokens are
+    meant), or text a client wrote (tokenized as plain text, whatever it spells)."""
+
+    text: str
+    markup: bool
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A rendered conversation, kept in parts so that a message can never smuggle the model's
+    control tokens (``<|im_start|>``…) into the prompt: only markup parts are parsed for them.
+
+    ``checked`` holds client texts rendered inside markup, each with the request field it came
+    from, which the tokenizer refuses if they spell any control token: tools and tool calls,
+    which templates write as JSON, and every text when a template alters the messages' text
+    beyond trimming it (so the parts cannot be told apart and the whole prompt is one markup
+    part).
+    """
+
+    parts: tuple[PromptPart, ...]
+    checked: tuple[tuple[str, str], ...] = ()  # (field, text)
+
+    @property
+    def text(self) -> str:
+        return "".join(part.text for part in self.parts)
 
 
 def _raise_exception(message: str) -> NoReturn:
@@ -118,13 +145,13 @@ class ChatTemplate:
             log.error("chat template unusable: %s", exc)
 
     @classmethod
-    def of_model(cls, facts: VocabFacts) -> ChatTemplate:
+    def of_model(cls, facts: TemplateFacts) -> ChatTemplate:
         """The template in the model file the tokenizer loaded."""
         return cls(facts.chat_template, facts.bos_text, facts.eos_text)
 
     def render(
         self,
-        messages: list[ChatMessage],
+        messages: list[TemplateMessage],
         *,
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
@@ -147,7 +174,7 @@ class ChatTemplate:
         real = self._render(messages, tools, add_header)
         # Tools and calls are rendered as the template writes them (JSON, mostly): their
         # texts cannot be told apart from the markup, so the tokenizer checks them.
-        calls = _strings([(m.tool_calls, m.tool_call_id) for m in messages])
+        calls = _strings([(m.get("tool_calls"), m.get("tool_call_id")) for m in messages])
         checked = _field("tools", _strings(tools)) + _field("messages", calls)
         for rendered_text in (_verbatim, _stripped):
             parts = _fill(marked, texts, rendered_text)
@@ -168,12 +195,12 @@ class ChatTemplate:
         return ReplyParser(self.tool_syntax if tools else None, tags, opened)
 
     def _render(
-        self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None, header: bool
+        self, messages: list[TemplateMessage], tools: list[dict[str, Any]] | None, header: bool
     ) -> str:
         assert self._template is not None
         try:
             return self._template.render(
-                messages=[m.as_dict() for m in messages],
+                messages=messages,
                 tools=tools,
                 add_generation_prompt=header,
                 bos_token=self._bos_text,
@@ -184,8 +211,8 @@ class ChatTemplate:
 
 
 def _marked(
-    messages: list[ChatMessage], continued: bool
-) -> tuple[tuple[str, ...], list[ChatMessage], str]:
+    messages: list[TemplateMessage], continued: bool
+) -> tuple[tuple[str, ...], list[TemplateMessage], str]:
     """The texts clients wrote (contents and names, in order), the messages with a mark
     standing in for each of them, and the mark of the final content when it is ``continued``.
     Empty texts keep no mark (templates test contents for emptiness), but the one continued."""
@@ -197,14 +224,16 @@ def _marked(
         texts.append(text)
         return _MARK.format(len(texts) - 1)
 
-    marked = [
-        replace(m, content=mark(m.content), name=None if m.name is None else mark(m.name))
-        for m in messages[:-1]
-    ]
+    def marked(message: TemplateMessage, content: str) -> TemplateMessage:
+        copy: TemplateMessage = {**message, "content": content}
+        if "name" in message:
+            copy["name"] = mark(message["name"])
+        return copy
+
+    fronts = [marked(m, mark(m["content"])) for m in messages[:-1]]
     final = messages[-1]
-    final_mark = mark(final.content, always=continued)
-    name = None if final.name is None else mark(final.name)
-    return tuple(texts), [*marked, replace(final, content=final_mark, name=name)], final_mark
+    final_mark = mark(final["content"], always=continued)
+    return tuple(texts), [*fronts, marked(final, final_mark)], final_mark
 
 
 def _field(field: str, texts: tuple[str, ...]) -> tuple[tuple[str, str], ...]:

@@ -1,30 +1,26 @@
 """Prompt tokenization with the model's own vocabulary, off the event loop.
 
-The only frontend module that imports ``llama_cpp``. The model is loaded ``vocab_only`` (no
-weights, a few MB) and every call runs in one dedicated thread: llama.cpp is not asked to be
-thread-safe, and a long prompt must not stall other requests' streams on the loop. The same
-load yields what chat templates need: the GGUF's template and the BOS/EOS token texts.
+With ``llama_log``, the only frontend modules that import ``llama_cpp``. The model is loaded
+``vocab_only`` (no weights, a few MB) and every call runs in one dedicated thread: llama.cpp
+is not asked to be thread-safe, and a long prompt must not stall other requests' streams on
+the loop. The same load yields what chat templates need: the GGUF's template and the BOS/EOS
+token texts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
-import os
-import re
-import sys
-import tempfile
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 
 from tinyserve.config import Config
-from tinyserve.frontend.http.api_errors import invalid
+from tinyserve.frontend.models.errors import invalid
+from tinyserve.frontend.prompt import llama_log
+from tinyserve.frontend.prompt.chat_template import ChatPrompt
 from tinyserve.logs import fields
 from tinyserve.model import resolve_model_path
 
@@ -43,35 +39,6 @@ class VocabFacts:
     eos_text: str
     adds_bos: bool  # tokenizing prepends BOS (the model's add_bos_token)
     sampling_metadata: dict[str, str]  # the GGUF's general.sampling.* keys, if any
-
-
-@dataclass(frozen=True)
-class PromptPart:
-    """A run of a rendered prompt: the template's own ``markup`` (its control tokens are
-    meant), or text a client wrote (tokenized as plain text, whatever it spells)."""
-
-    text: str
-    markup: bool
-
-
-@dataclass(frozen=True)
-class ChatPrompt:
-    """A rendered conversation, kept in parts so that a message can never smuggle the model's
-    control tokens (``<|im_start|>``…) into the prompt: only markup parts are parsed for them.
-
-    ``checked`` holds client texts rendered inside markup, each with the request field it came
-    from, which the tokenizer refuses if they spell any control token: tools and tool calls,
-    which templates write as JSON, and every text when a template alters the messages' text
-    beyond trimming it (so the parts cannot be told apart and the whole prompt is one markup
-    part).
-    """
-
-    parts: tuple[PromptPart, ...]
-    checked: tuple[tuple[str, str], ...] = ()  # (field, text)
-
-    @property
-    def text(self) -> str:
-        return "".join(part.text for part in self.parts)
 
 
 class Tokenizer:
@@ -176,12 +143,12 @@ class Tokenizer:
 
     def _grammar_problem(self, grammar: str) -> str | None:
         vocab = llama_cpp.llama_model_get_vocab(self._llama.model)
-        with _stderr_captured() as said:
+        with llama_log.captured() as said:
             sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
         if sampler:
             llama_cpp.llama_sampler_free(sampler)
             return None
-        return _grammar_error(said())
+        return llama_log.grammar_error(said())
 
     def _text(self, token_ids: list[int]) -> bytes:
         self._check_ids(token_ids)
@@ -205,24 +172,8 @@ def _load_vocab(path: Path) -> llama_cpp.Llama:
     # Ours before the load: llama-cpp-python's own prints llama.cpp's warnings to stderr, and
     # the vocabulary-only context it makes draws one that means nothing here ("n_ctx_seq
     # (512) > n_ctx_train (0) -- possible training context overflow").
-    llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    llama_log.route_llama_log()
     return llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-
-
-# llama.cpp's log lines while a grammar is built (it says there why one fails); None otherwise.
-_llama_said: list[str] | None = None
-
-
-def _route_llama_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-    message = text.decode("utf-8", "replace")
-    if _llama_said is not None:
-        _llama_said.append(message)
-    elif message.strip():
-        log.debug("llama.cpp: %s", message.rstrip())
-
-
-# NOTE: the callback object must outlive every llama.cpp call, so it lives at module level.
-_LOG_CALLBACK = llama_cpp.llama_log_callback(_route_llama_log)
 
 
 def _facts_of(llama: llama_cpp.Llama, path: Path) -> VocabFacts:
@@ -241,53 +192,3 @@ def _facts_of(llama: llama_cpp.Llama, path: Path) -> VocabFacts:
             k: v for k, v in llama.metadata.items() if k.startswith("general.sampling.")
         },
     )
-
-
-# What llama.cpp writes when a grammar does not build: a parse error (with the grammar's text
-# after it), a missing root rule, left recursion.
-_GRAMMAR_ERRORS = (
-    re.compile(r"error parsing grammar: (.+)"),
-    re.compile(r"(grammar does not contain a .root. symbol)"),
-    re.compile(r"(left recursion detected for nonterminal at index \d+)"),
-)
-
-
-def _grammar_error(said: str) -> str:
-    for pattern in _GRAMMAR_ERRORS:
-        found = pattern.search(said)
-        if found:
-            return found.group(1).strip()
-    return "llama.cpp could not build it"
-
-
-@contextmanager
-def _stderr_captured() -> Iterator[Callable[[], str]]:
-    """Collect what llama.cpp says in the block: it reports grammar errors on file descriptor
-    2 (C ``fprintf``) or through its log callback (``_route_llama_log``), nowhere else.
-
-    NOTE: the handlers of Python's logging are held for the block (well under a millisecond),
-    so no log line of another thread is written into the capture instead of the real stderr.
-    """
-    handlers = [h for h in logging.getLogger().handlers]
-    for handler in handlers:
-        handler.acquire()
-    global _llama_said
-    chunks: list[str] = []
-    _llama_said = chunks
-    saved = os.dup(2)
-    try:
-        with tempfile.TemporaryFile() as capture:
-            sys.stderr.flush()
-            os.dup2(capture.fileno(), 2)
-            try:
-                yield lambda: "".join(chunks)
-            finally:
-                sys.stderr.flush()
-                os.dup2(saved, 2)
-                capture.seek(0)
-                chunks.append(capture.read().decode("utf-8", "replace"))
-    finally:
-        _llama_said = None
-        os.close(saved)
-        for handler in handlers:
-            handler.release()

@@ -15,28 +15,15 @@ both the in-flight limit and the drain decide.
   event, never a silent close.
 
 ``/health`` and ``/metrics`` always pass, uncounted: a busy or draining frontend still
-reports. ``/ready`` is refused while draining, and never counted.
+reports. ``/ready`` is refused while draining, and never counted (``http.middlewares``). The
+refusals themselves are ``admission``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 
-from aiohttp import web
-from aiohttp.typedefs import Middleware
-
-from tinyserve.frontend.http.api_errors import Handler, too_many, unavailable
-from tinyserve.frontend.http.appkeys import CLIENT
-from tinyserve.logs import fields
-from tinyserve.protocol import REJECT_DRAINING
-
-log = logging.getLogger(__name__)
-
-ALWAYS_ANSWERED = frozenset({"/health", "/metrics"})
-PROBE = "/ready"
-REASON_FRONTEND_BUSY = "frontend_busy"
-RETRY_AFTER_S = 1  # another frontend can take the request right away
+from tinyserve.frontend.request import admission
 
 
 class Gate:
@@ -58,14 +45,13 @@ class Gate:
 
     def refuse_if_draining(self) -> None:
         if self.draining:
-            raise unavailable(REJECT_DRAINING, "frontend is shutting down", RETRY_AFTER_S)
+            raise admission.frontend_draining()
 
     def enter(self) -> None:
         """Count a request in, or raise its refusal."""
         self.refuse_if_draining()
         if self.limit and self._in_progress >= self.limit:
-            message = f"this frontend is serving its limit of {self.limit} requests"
-            raise too_many(REASON_FRONTEND_BUSY, message, RETRY_AFTER_S)
+            raise admission.Busy(self.limit)
         self._in_progress += 1
         self._idle.clear()
 
@@ -83,35 +69,3 @@ class Gate:
         except TimeoutError:
             return False
         return True
-
-    def middleware(self) -> Middleware:
-        @web.middleware
-        async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
-            if request.path in ALWAYS_ANSWERED:
-                return await handler(request)
-            if request.path == PROBE:
-                self.refuse_if_draining()
-                return await handler(request)
-            self.enter()
-            try:
-                return await handler(request)
-            finally:
-                self.leave()
-
-        return gate
-
-
-GATE = web.AppKey("gate", Gate)
-
-
-async def drain_app(app: web.Application, timeout_s: float) -> None:
-    """Refuse new requests now and wait up to ``timeout_s`` for those in progress; streams
-    still open after that end with an error event (their handlers then cancel them in the
-    engine)."""
-    gate = app[GATE]
-    gate.begin_drain()
-    log.info("draining", extra=fields(in_progress=gate.in_progress, timeout_s=timeout_s))
-    if await gate.wait_idle(timeout_s):
-        return
-    log.warning("drain timeout: ending open streams", extra=fields(open=gate.in_progress))
-    app[CLIENT].fail_all("frontend shutting down: drain timeout reached")

@@ -12,8 +12,10 @@ from aiohttp.test_utils import TestClient
 
 from tests.frontend.harness import FakeEngine, accepted, until
 from tinyserve import protocol
-from tinyserve.frontend.http.api_errors import ApiError
-from tinyserve.frontend.http.gate import GATE, Gate, drain_app
+from tinyserve.frontend.http.app import drain_app
+from tinyserve.frontend.models.errors import ApiError
+from tinyserve.frontend.request.gate import Gate
+from tinyserve.frontend.request.state import GATE
 
 Client = TestClient[Any, Any]
 

@@ -13,7 +13,7 @@ import llama_cpp._logger as llama_cpp_logger
 import pytest
 
 from tinyserve.config import build_config
-from tinyserve.frontend.request.tokenizer import Tokenizer
+from tinyserve.frontend.prompt.tokenizer import Tokenizer
 
 
 @pytest.fixture

@@ -1,0 +1,65 @@
+"""A chat request's conversation as the chat template takes it, and rendered.
+
+A template with its own tool syntax (``structured.tool_syntax``) is given the tools, the
+assistant's tool calls and the tools' results as Hugging Face's ``apply_chat_template``
+gives them; any other gets the generic format of ``structured.tool_calls``: the tools
+described in a system message (added to the first one when there is one), a call written in
+the assistant's text, a tool's result as a user message. ``developer`` is ``system``.
+"""
+
+from __future__ import annotations
+
+from tinyserve.frontend.models.chat import ChatMessage, ConversationFields
+from tinyserve.frontend.prompt.chat_template import ChatPrompt, ChatTemplate, TemplateMessage
+from tinyserve.frontend.structured import tool_calls
+
+
+def render(
+    template: ChatTemplate, fields: ConversationFields, messages: list[ChatMessage]
+) -> ChatPrompt:
+    """The prompt of ``messages``: ``template`` applied as ``fields`` say, given the tools
+    itself when it has its own tool syntax."""
+    own_tools = template.tool_syntax.own
+    tools = None
+    if own_tools and fields.calls_tools:
+        tools = [tool.model_dump(exclude_unset=True) for tool in fields.tools]
+    return template.render(
+        template_messages(fields, messages, own_tools),
+        tools=tools,
+        add_generation_prompt=fields.ends_with_generation_prompt,
+        continue_final_message=fields.continue_final_message,
+    )
+
+
+def template_messages(
+    fields: ConversationFields, messages: list[ChatMessage], own_tools: bool = False
+) -> list[TemplateMessage]:
+    """``messages`` as the template takes them: as they are for a template with its
+    ``own_tools`` syntax, else in the generic format with the tools offered in a system
+    message."""
+    written = [_message(message, own_tools) for message in messages]
+    if own_tools or not fields.calls_tools:
+        return written
+    offer = tool_calls.tools_prompt(fields.tools, fields.tool_choice or "auto")
+    if written[0]["role"] == "system":
+        first = written[0]
+        return [{**first, "content": f"{first['content']}\n\n{offer}"}, *written[1:]]
+    return [{"role": "system", "content": offer}, *written]
+
+
+def _message(message: ChatMessage, own_tools: bool) -> TemplateMessage:
+    text, calls = message.text, message.tool_calls or []
+    role = "system" if message.role == "developer" else message.role
+    if not own_tools and message.role == "tool":
+        role, text = "user", tool_calls.response_text(text)
+    elif not own_tools and calls:
+        written = "\n".join(tool_calls.call_text(call) for call in calls)
+        text = f"{text}\n{written}" if text else written
+    templated: TemplateMessage = {"role": role, "content": text}
+    if message.name is not None:
+        templated["name"] = message.name
+    if own_tools and calls:
+        templated["tool_calls"] = [tool_calls.template_call(call) for call in calls]
+    if own_tools and message.tool_call_id is not None:
+        templated["tool_call_id"] = message.tool_call_id
+    return templated
