@@ -58,6 +58,7 @@ lint: setup
 	ln -s $(CURDIR)/frontend build/typecheck/tinyserve/frontend
 	ln -s $(CURDIR)/tinyserve_native build/typecheck/tinyserve_native
 	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p tinyserve
+	$(BIN)/python bench/import_cycles.py
 
 bench: setup
 	$(BIN)/pip install --quiet -e ".[bench]"

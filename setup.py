@@ -27,6 +27,7 @@ setup(
         "tinyserve.frontend.anthropic",
         "tinyserve.frontend.dashboard",
         "tinyserve.frontend.dashboard.static",  # data only: listed so setuptools ships it
+        "tinyserve.frontend.embeddings",
         "tinyserve.frontend.http",
         "tinyserve.frontend.link",
         "tinyserve.frontend.models",

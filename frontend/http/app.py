@@ -32,6 +32,7 @@ from tinyserve.frontend.request.state import (
     CHAT_TEMPLATE,
     CLIENT,
     CONFIG,
+    EMBED_TOKENIZER,
     GATE,
     LINK,
     METRICS,
@@ -94,7 +95,12 @@ async def _tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
     app[TOKENIZER] = tokenizer
     app[CHAT_TEMPLATE] = ChatTemplate.of_model(facts)
     app[SAMPLING_DEFAULTS] = sampling_defaults(app[CONFIG], facts.sampling_metadata)
+    embedding_model = app[CONFIG].embedding_model
+    embed = await Tokenizer.load(app[CONFIG], embedding_model) if embedding_model else tokenizer
+    app[EMBED_TOKENIZER] = embed
     yield
+    if embed is not tokenizer:
+        embed.close()
     tokenizer.close()
 
 

@@ -24,6 +24,7 @@ from tinyserve.frontend.models import (
     anthropic_replies,
     anthropic_requests,
     chat,
+    embeddings,
     feed,
     native,
     openai_replies,
@@ -90,6 +91,9 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/v1/responses", "OpenAI Responses, stateless (events named by their "
               "type)", responses_replies.Response, responses_requests.ResponsesRequest,
               responses_replies.ResponsesEvent, _GENERATION_ERRORS, OpenAIError),
+    Operation("post", "/v1/embeddings", "OpenAI embeddings (L2-normalised, the GGUF's pooling)",
+              embeddings.EmbeddingsReply, embeddings.EmbeddingsRequest,
+              errors=(400, 404, 415, 429, 500, 503), error_schema=OpenAIError),
     Operation("post", "/v1/messages", "Anthropic Messages (events named by their type)",
               anthropic_replies.Message, anthropic_requests.MessagesRequest,
               anthropic_replies.MessagesEvent, _GENERATION_ERRORS, AnthropicError),

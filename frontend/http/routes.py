@@ -8,6 +8,7 @@ from aiohttp import web
 
 from tinyserve.frontend.anthropic.anthropic_handlers import count_tokens, messages
 from tinyserve.frontend.dashboard.handlers import dashboard_asset, dashboard_page, events
+from tinyserve.frontend.embeddings.embeddings_handlers import embeddings
 from tinyserve.frontend.http.middlewares import Handler
 from tinyserve.frontend.http.openapi_document import openapi_json
 from tinyserve.frontend.native.native_handlers import generate, health, metrics, ready
@@ -41,6 +42,7 @@ ROUTES = (
     Route("POST", "/v1/completions", completions),
     Route("POST", "/v1/chat/completions", chat_completions),
     Route("POST", "/v1/responses", responses),
+    Route("POST", "/v1/embeddings", embeddings),
     Route("POST", "/v1/messages", messages),
     Route("POST", "/v1/messages/count_tokens", count_tokens),
     Route("POST", "/tokenize", tokenize),

@@ -27,7 +27,7 @@ import zmq
 
 from tinyserve import protocol
 from tinyserve.config import Config
-from tinyserve.frontend.link.streams import RequestStream
+from tinyserve.frontend.link.streams import ENGINE_LOST, RequestStream
 from tinyserve.logs import RateLimitedLog, fields
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ class EngineClient:
         self._ack_waiter: asyncio.Future[protocol.HelloAck] | None = None
         self.on_pending_change: Callable[[], None] | None = None
         self._queries: dict[int, asyncio.Future[dict[str, Any] | None]] = {}
+        self._embeddings: dict[str, asyncio.Future[protocol.Embedded]] = {}
         # The event feed's receiver while this frontend has viewers (``watch_feed``).
         self.on_feed: Callable[[protocol.FeedUpdate], None] | None = None
         self._next_query = 0
@@ -98,6 +99,21 @@ class EngineClient:
         except EngineUnreachable:
             # The engine is gone or restarting: the request died with it.
             log.info("cancel not sent: engine unreachable", extra=fields(request_id=request_id))
+
+    async def embed(self, embed: protocol.Embed) -> protocol.Embedded:
+        """Send ``embed`` and wait for its one ``Embedded``: the engine's, or one with
+        ``finish_reason`` ``ENGINE_LOST`` when the engine goes away first. Raises
+        ``EngineUnreachable``; cancelled (the client left), it cancels the work in the engine."""
+        answer: asyncio.Future[protocol.Embedded] = asyncio.get_running_loop().create_future()
+        self._embeddings[embed.request_id] = answer
+        try:
+            self.send(embed)
+            return await answer
+        except asyncio.CancelledError:
+            self.cancel(embed.request_id)
+            raise
+        finally:
+            del self._embeddings[embed.request_id]
 
     async def timeline(self, request_id: str, timeout_s: float) -> dict[str, Any] | None:
         """Ask the engine for a request's timeline; None when it does not know the id.
@@ -140,6 +156,11 @@ class EngineClient:
         """End every live request with an error: the engine that held them is gone."""
         for stream in list(self._streams.values()):
             stream.fail(detail, lost=True)
+        for request_id, answer in self._embeddings.items():
+            if not answer.done():
+                answer.set_result(
+                    protocol.Embedded(self.frontend_id, request_id, ENGINE_LOST, detail=detail)
+                )
 
     # -- handshake and listener ----------------------------------------------------------------
 
@@ -224,6 +245,10 @@ class EngineClient:
                 # Our board slot must stop counting these at once, or every frontend's
                 # admission would charge them twice (pending here, used at the engine).
                 self.on_pending_change()
+        elif isinstance(message, protocol.Embedded):
+            embedded = self._embeddings.get(message.request_id)
+            if embedded is not None and not embedded.done():
+                embedded.set_result(message)
         elif isinstance(message, protocol.TimelineReply):
             answer = self._queries.get(message.query_id)
             if answer is not None and not answer.done():

@@ -53,9 +53,9 @@ class Tokenizer:
         self.facts = facts
 
     @classmethod
-    async def load(cls, config: Config) -> Tokenizer:
-        """Load the configured model's vocabulary in the worker thread."""
-        path = resolve_model_path(config.model)
+    async def load(cls, config: Config, model: str | None = None) -> Tokenizer:
+        """Load the vocabulary of ``model`` (default: the served model) in the worker thread."""
+        path = resolve_model_path(model or config.model)
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
         loop = asyncio.get_running_loop()
         try:
@@ -79,6 +79,12 @@ class Tokenizer:
             return await self.tokenize(text)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._ids, text, False, True)
+
+    async def tokenize_inputs(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of texts to embed, in one call: BOS as the model's metadata asks, the
+        texts as plain text (a control token's spelling is not one), as llama.cpp embeds."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._tokenize_inputs, texts)
 
     async def detokenize(self, token_ids: list[int]) -> str:
         """The text of ``token_ids`` together (special tokens spelled out); bytes that are
@@ -115,6 +121,9 @@ class Tokenizer:
 
     def _tokenize(self, text: str) -> list[int]:
         return self._one_bos(self._ids(text, add_bos=True, special=True))
+
+    def _tokenize_inputs(self, texts: list[str]) -> list[list[int]]:
+        return [self._ids(text, add_bos=True, special=False) for text in texts]
 
     def _tokenize_chat(self, prompt: ChatPrompt) -> list[int]:
         for field, text in prompt.checked:

@@ -19,6 +19,8 @@ CONFIG = web.AppKey("config", Config)
 CLIENT = web.AppKey("engine_client", EngineClient)
 LINK = web.AppKey("engine_link", EngineLink)
 TOKENIZER = web.AppKey("tokenizer", Tokenizer)
+# The vocabulary of the model /v1/embeddings runs: TOKENIZER's, unless --embedding-model.
+EMBED_TOKENIZER = web.AppKey("embed_tokenizer", Tokenizer)
 CHAT_TEMPLATE = web.AppKey("chat_template", ChatTemplate)
 # What an OpenAI request that leaves out a sampling field gets: read once, with the model.
 SAMPLING_DEFAULTS = web.AppKey("sampling_defaults", SamplingDefaults)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,6 +33,7 @@ N_CTX = 512
 BLOCK_SIZE = 16
 BLOCKS_TOTAL = 32
 MAX_QUEUE = 4
+EMBEDDING_SIZE = 8
 
 
 def accepted(**fields: Any) -> dict[str, Any]:
@@ -85,6 +87,9 @@ class FakeEngine:
         self.cancels: list[protocol.Cancel] = []
         self.leases: list[protocol.FeedLease] = []
         self.hellos: list[protocol.Hello] = []
+        self.embeds: list[protocol.Embed] = []
+        # What an Embed gets: the answer, or None for none (the test sends it, or never does).
+        self.embedded: Callable[[protocol.Embed], protocol.Embedded | None] = unit_vectors
         self.acking = True  # answers every hello; False: a handshake that does not end yet
         self.beating = True
         self.n_ctx = N_CTX
@@ -148,6 +153,11 @@ class FakeEngine:
             elif isinstance(message, protocol.Submit):
                 self.submits.append(message)
                 self._tasks.append(asyncio.create_task(self._answer(message)))
+            elif isinstance(message, protocol.Embed):
+                self.embeds.append(message)
+                answer = self.embedded(message)
+                if answer is not None:
+                    await self._send(message.frontend_id, answer)
             elif isinstance(message, protocol.Cancel):
                 self.cancels.append(message)
             elif isinstance(message, protocol.FeedLease):
@@ -156,7 +166,7 @@ class FakeEngine:
     def _ack(self, frontend_id: str) -> protocol.HelloAck:
         return protocol.HelloAck(
             frontend_id, os.getpid(), self.started_ns, "fake", self.n_ctx, 49152, 4,
-            BLOCK_SIZE, BLOCKS_TOTAL, MAX_QUEUE,
+            BLOCK_SIZE, BLOCKS_TOTAL, MAX_QUEUE, embedding_size=EMBEDDING_SIZE,
         )  # fmt: skip
 
     async def _answer(self, submit: protocol.Submit) -> None:
@@ -176,6 +186,20 @@ class FakeEngine:
 
     async def _send(self, frontend_id: str, message: protocol.Message) -> None:
         await self._pub.send_multipart([protocol.topic(frontend_id), protocol.encode(message)])
+
+
+def unit_vectors(embed: protocol.Embed) -> protocol.Embedded:
+    """Input i's vector is the unit vector along axis i (mod the size)."""
+    vectors = [
+        struct.pack(
+            f"<{EMBEDDING_SIZE}f", *(float(j == i % EMBEDDING_SIZE) for j in range(EMBEDDING_SIZE))
+        )
+        for i in range(len(embed.inputs))
+    ]
+    tokens = sum(len(ids) for ids in embed.inputs)
+    return protocol.Embedded(
+        embed.frontend_id, embed.request_id, protocol.FINISH_STOP, vectors, tokens
+    )
 
 
 async def until(

@@ -41,7 +41,7 @@ GREEDY = {"temperature": 0}
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     workdir = tmp_path_factory.mktemp("anthropic")
     (workdir / "keys").write_text(f"{API_KEY}\n")
-    flags = ("--slots", "4", "--ctx-per-slot", "2048", "--api-key-file", str(workdir / "keys"))
+    flags = ("--slots", "4", "--ctx-per-slot", "4096", "--api-key-file", str(workdir / "keys"))
     running = Node(workdir, *flags, "--sse-ping-interval", str(PING_S)).start()
     yield running
     assert running.stop() == 0

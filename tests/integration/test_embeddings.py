@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import Iterator
 
 import aiohttp
@@ -17,7 +18,7 @@ import pytest
 from tinyserve.engine.weights import model_params, repack_weights
 from tinyserve.model import resolve_model_path
 
-from .node import Node, sse_events
+from .node import Node
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("error")]
 
@@ -167,7 +168,7 @@ def test_an_unknown_model_is_a_404(client: openai.OpenAI) -> None:
         client.embeddings.create(model="no-such-model", input="x")
 
 
-def test_embeddings_and_a_stream_run_side_by_side(node: Node) -> None:
+def test_embeddings_and_a_stream_run_side_by_side(node: Node, client: openai.OpenAI) -> None:
     """A stream keeps getting tokens while a list of inputs is embedded a batch per tick, and
     both end whole; the engine counts the inputs it embedded."""
 
@@ -179,10 +180,13 @@ def test_embeddings_and_a_stream_run_side_by_side(node: Node) -> None:
         )
         return float(line.split()[-1])
 
+    model = client.models.list().data[0].id
+
     async def run() -> tuple[list[str], int, dict[str, object], float]:
         async with aiohttp.ClientSession() as session:
             before = await embedded_inputs(session)
             chat = {
+                "model": model,
                 "messages": [{"role": "user", "content": "Count from one to twenty."}],
                 "max_tokens": 48,
                 "temperature": 0,
@@ -193,7 +197,10 @@ def test_embeddings_and_a_stream_run_side_by_side(node: Node) -> None:
                 url = f"{node.url}/v1/chat/completions"
                 async with session.post(url, json=chat) as resp:
                     assert resp.status == 200
-                    events = [e async for e in sse_events(resp)]
+                    text = await resp.text()
+                lines = [x[6:] for x in text.splitlines() if x.startswith("data: ")]
+                assert lines[-1] == "[DONE]"
+                events = [json.loads(x) for x in lines[:-1]]
                 return [c["finish_reason"] for e in events for c in e["choices"]]
 
             async def embed() -> tuple[int, dict[str, object]]:

@@ -45,7 +45,7 @@ ASK = "What is the weather in Paris?"
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     workdir = tmp_path_factory.mktemp("responses")
     (workdir / "keys").write_text(f"{API_KEY}\n")
-    flags = ("--slots", "4", "--ctx-per-slot", "2048", "--api-key-file", str(workdir / "keys"))
+    flags = ("--slots", "4", "--ctx-per-slot", "4096", "--api-key-file", str(workdir / "keys"))
     running = Node(workdir, *flags, "--sse-ping-interval", "0.5").start()
     yield running
     assert running.stop() == 0

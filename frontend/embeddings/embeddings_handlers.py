@@ -1,0 +1,149 @@
+"""``POST /v1/embeddings``: the inputs are checked and tokenized here, embedded by the engine in
+batches of their own beside generation (``engine/embedder.py``), and sent back in OpenAI's
+shape. No prefix cache and no slot: an input's cost is one prefill, and a request that cannot
+be queued now is a 503 with Retry-After, as a generation's."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from tinyserve import protocol
+from tinyserve.frontend.link.engine_client import EngineUnreachable
+from tinyserve.frontend.models.common import json_response
+from tinyserve.frontend.models.embeddings import (
+    MAX_INPUTS,
+    Embedding,
+    EmbeddingsReply,
+    EmbeddingsRequest,
+    EmbeddingsUsage,
+)
+from tinyserve.frontend.models.errors import ENGINE_ERROR, MODEL_NOT_FOUND, ApiError, invalid
+from tinyserve.frontend.models.parse import read_body
+from tinyserve.frontend.request import admission
+from tinyserve.frontend.request.generation import check_token_ids
+from tinyserve.frontend.request.record import new_request_id
+from tinyserve.frontend.request.state import CLIENT, CONFIG, EMBED_TOKENIZER, LINK, METRICS
+from tinyserve.logs import fields
+from tinyserve.model import model_name
+
+log = logging.getLogger(__name__)
+
+FLOAT32 = np.dtype("<f4")  # the engine's vectors: little-endian float32
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    """One L2-normalised vector per input, in the inputs' order."""
+    app = request.app
+    config = app[CONFIG]
+    req = await read_body(request, EmbeddingsRequest, config)
+    ack = admission.serving(app[LINK])
+    served = [ack.model_name]
+    if config.embedding_model:
+        served.append(model_name(config.embedding_model, None))
+    if req.model is not None and req.model not in served:
+        message = f"model {req.model!r} does not exist; /v1/embeddings serves {served[-1]!r}"
+        raise ApiError(404, MODEL_NOT_FOUND, message, param="model")
+    if req.dimensions is not None and req.dimensions != ack.embedding_size:
+        message = (
+            f"'dimensions' must be {ack.embedding_size} (the model's embedding size): "
+            "vectors are not shortened"
+        )
+        raise invalid(message, "dimensions")
+    inputs = await _token_ids(request, req)
+    request_id = new_request_id()
+    embed = protocol.Embed(request_id, app[CLIENT].frontend_id, inputs, time.monotonic_ns())
+    try:
+        embedded = await app[CLIENT].embed(embed)
+    except EngineUnreachable as exc:
+        raise admission.no_engine() from exc
+    refusal = _refusal(request, embedded)
+    _count(request, request_id, embedded, len(inputs), refusal.status if refusal else 200)
+    if refusal is not None:
+        refusal.request_id = request_id
+        raise refusal
+    data = [
+        Embedding(index=i, embedding=_encoded(vector, req.encoding_format))
+        for i, vector in enumerate(embedded.vectors)
+    ]
+    tokens = embedded.prompt_tokens
+    usage = EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens)
+    reply = EmbeddingsReply(data=data, model=req.model or served[-1], usage=usage)
+    return json_response(reply, headers={"X-Request-Id": request_id})
+
+
+async def _token_ids(request: web.Request, req: EmbeddingsRequest) -> list[list[int]]:
+    """Each input's token ids, or a 400 naming the input at fault: ``input`` when there is one,
+    ``input[i]`` in a list of them."""
+    given = req.input
+    one = isinstance(given, str) or (bool(given) and isinstance(given[0], int))
+    items: list[Any] = [given] if one else list(given)
+    if not items:
+        raise invalid("'input' must have at least 1 item", "input")
+    if len(items) > MAX_INPUTS:
+        raise invalid(f"'input' must have at most {MAX_INPUTS} items", "input")
+
+    def param(i: int) -> str:
+        return "input" if one else f"input[{i}]"
+
+    tokenizer = request.app[EMBED_TOKENIZER]
+    if isinstance(items[0], str):
+        for i, text in enumerate(items):
+            if not text:
+                raise invalid(f"{param(i)!r} must not be empty", param(i))
+        inputs = await tokenizer.tokenize_inputs(items)
+    else:
+        inputs = items
+        for i, ids in enumerate(inputs):
+            if not ids:
+                raise invalid(f"{param(i)!r} must have at least 1 item", param(i))
+            check_token_ids(ids, tokenizer.n_vocab, param(i))
+    limit = request.app[CONFIG].embedding_max_tokens
+    for i, ids in enumerate(inputs):
+        if len(ids) > limit:
+            message = (
+                f"{param(i)!r} is {len(ids)} tokens, over this server's limit of {limit} "
+                "(--embedding-max-tokens)"
+            )
+            raise invalid(message, param(i))
+    return inputs
+
+
+def _refusal(request: web.Request, embedded: protocol.Embedded) -> ApiError | None:
+    """The HTTP error of an ending that is not ``stop``."""
+    end = protocol.RequestUpdate(
+        embedded.request_id, -1, finish_reason=embedded.finish_reason, detail=embedded.detail
+    )
+    if embedded.finish_reason == protocol.FINISH_STOP:
+        return None
+    refusal = admission.ending_error(end, request.app[LINK].load(), "input")
+    return refusal or ApiError(500, ENGINE_ERROR, f"embedding ended: {embedded.finish_reason}")
+
+
+def _encoded(vector: bytes, encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(vector).decode("ascii")
+    return np.frombuffer(vector, FLOAT32).tolist()  # type: ignore[no-any-return]
+
+
+def _count(
+    request: web.Request, request_id: str, embedded: protocol.Embedded, n: int, status: int
+) -> None:
+    """The request's metrics and its log line."""
+    request.app[METRICS].requests_total.labels(embedded.finish_reason, str(status)).inc()
+    log.info(
+        "embeddings finished",
+        extra=fields(
+            request_id=request_id,
+            inputs=n,
+            prompt_tokens=embedded.prompt_tokens,
+            finish_reason=embedded.finish_reason,
+            status=status,
+            detail=embedded.detail,
+        ),
+    )

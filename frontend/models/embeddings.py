@@ -1,0 +1,52 @@
+"""``POST /v1/embeddings`` in OpenAI's shapes: one input or many, as text or token ids; each
+vector as a list of floats or as base64 of its little-endian float32 bytes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from tinyserve.frontend.models.common import Reply, Request, Text, expect
+from tinyserve.frontend.models.tokenize import TokenId
+
+# OpenAI's limit on the inputs of one request.
+MAX_INPUTS = 2048
+
+EmbeddingsInput = Annotated[
+    Text | list[Text] | list[TokenId] | list[list[TokenId]],
+    expect("a string, a list of strings, a list of token ids or a list of lists of token ids"),
+]
+
+
+class EmbeddingsRequest(Request):
+    model: Text | None = Field(None, description="when given, the id GET /v1/models lists")
+    input: EmbeddingsInput = Field(
+        description=f"what to embed: each string or list of token ids is one input (at most "
+        f"{MAX_INPUTS}, each at most --embedding-max-tokens tokens)"
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: each vector's little-endian float32 bytes"
+    )
+    dimensions: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="when given, the model's embedding size (vectors are not shortened)"
+    )
+    user: Text | None = Field(None, description="accepted and ignored")
+
+
+class Embedding(Reply):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str = Field(description="L2-normalised")
+
+
+class EmbeddingsUsage(Reply):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsReply(Reply):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingsUsage
