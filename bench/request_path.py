@@ -1,4 +1,4 @@
-"""Count what one streaming ``POST /generate`` passes through in a frontend, before and after.
+"""Count what one streaming request passes through in a frontend, before and after.
 
 The frontend runs unchanged against the test harness's stand-in engine
 (``tests/frontend/harness.py``: real sockets and board, scripted replies); a profile hook
@@ -11,7 +11,10 @@ is printed so that a reader can judge). The code before is a commit (``--base``,
 last commit) in a temporary git worktree, imported as ``tinyserve`` through a tree of links
 (``parse_cost.package_tree``).
 
-    .venv/bin/python bench/request_path.py [--base COMMIT]
+    .venv/bin/python bench/request_path.py [--base COMMIT] [--route generate|chat]
+
+``--route chat``: a streamed ``POST /v1/chat/completions`` of one user message (the chat
+template, the OpenAI stream writer) instead of ``POST /generate``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ OURS = ("tinyserve.", "tests.frontend.harness")
 BACKGROUND = ("_watch", "_heartbeat", "_serve_one_engine", "_beat")
 calls, inits = Counter(), set()
 recording = False
+ROUTES = {
+    "generate": ("/generate", {"prompt": "Once upon a time", "max_tokens": 4, "stream": True}),
+    "chat": ("/v1/chat/completions", {
+        "model": "fake", "max_tokens": 4, "stream": True,
+        "messages": [{"role": "user", "content": "Once upon a time"}]}),
+}
 
 def module_of(frame):
     return frame.f_globals.get("__name__", "")
@@ -74,11 +83,11 @@ async def main():
         try:
             async with TestClient(TestServer(build_app(config))) as client:
                 await wait_serving(client)
-                body = {"prompt": "Once upon a time", "max_tokens": 4, "stream": True}
-                await (await client.post("/generate", json=body)).read()  # warm-up
+                path, body = ROUTES[sys.argv[1]]
+                await (await client.post(path, json=body)).read()  # warm-up
                 sys.setprofile(hook); threading.setprofile(hook)
                 recording = True
-                await (await client.post("/generate", json=body)).read()
+                await (await client.post(path, json=body)).read()
                 recording = False
                 sys.setprofile(None); threading.setprofile(None)
         finally:
@@ -95,9 +104,9 @@ asyncio.run(main())
 """
 
 
-def run(tree: Path) -> dict[str, Any]:
+def run(tree: Path, route: str) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-c", WORKER],
+        [sys.executable, "-c", WORKER, route],
         capture_output=True,
         text=True,
         cwd=tree,
@@ -118,6 +127,7 @@ def with_tests(tree: Path, source: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="HEAD", help="the commit before (default: HEAD)")
+    parser.add_argument("--route", choices=("generate", "chat"), default="generate")
     parser.add_argument("--list", action="store_true", help="print the modules and classes")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,11 +138,12 @@ def main() -> None:
             check=True,
         )
         try:
-            old = run(with_tests(package_tree(old_src, Path(tmp) / "old"), old_src))
-            new = run(with_tests(package_tree(ROOT, Path(tmp) / "new"), ROOT))
+            old = run(with_tests(package_tree(old_src, Path(tmp) / "old"), old_src), args.route)
+            new = run(with_tests(package_tree(ROOT, Path(tmp) / "new"), ROOT), args.route)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(old_src)], cwd=ROOT)
-    print(f"before: {args.base}, after: the working tree; one streaming POST /generate")
+    path = "POST /generate" if args.route == "generate" else "POST /v1/chat/completions"
+    print(f"before: {args.base}, after: the working tree; one streaming {path}")
     print(f"{'':44s} {'before':>7s} {'after':>7s}")
     for key, label in [
         ("modules", "frontend + shared modules whose code ran"),
