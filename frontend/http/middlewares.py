@@ -2,7 +2,7 @@
 counter, the error shape, the API keys (only when some are configured), the gate.
 
 - The counter is outermost, so it sees the status actually sent, refusals that never reach
-  the pipeline included (401, 413, 415, unparsable bodies, drain and busy 503s, 404s).
+  the pipeline included (401, 413, 415, unparsable bodies, drain 503s, busy 429s, 404s).
 - The error middleware gives every error, aiohttp's own 404/405/413 included, the JSON shape
   of the path's surface: OpenAI's under ``/v1/``, Anthropic's under ``/v1/messages``, the
   native one elsewhere (``models.errors``).
