@@ -12,7 +12,7 @@ from typing import Any
 
 from tinyserve.engine.embedder import EmbedBatch
 from tinyserve.engine.host_cache import CacheStats
-from tinyserve.engine.report import Batch, Ended, Grant, Load, Rejected, TickReport
+from tinyserve.engine.report import Batch, Ended, Grant, Guessed, Load, Rejected, TickReport
 from tinyserve.protocol import Embedded, RequestUpdate, Submit
 
 
@@ -30,6 +30,7 @@ class TickDrafts:
         self._rejections: list[Rejected] = []
         self._embedded: list[Embedded] = []
         self._embed_batch: EmbedBatch | None = None
+        self._guessed = Guessed()
 
     def _add(self, request: Submit, update: RequestUpdate) -> None:
         held = self._updates.get(request.request_id)
@@ -101,6 +102,10 @@ class TickDrafts:
         self._embedded += ended
         self._embed_batch = batch or self._embed_batch
 
+    def guessed(self, tokens: int, accepted: int) -> None:
+        """A decode row carried ``tokens`` guessed tokens; ``accepted`` were confirmed."""
+        self._guessed.add(tokens, accepted)
+
     def __bool__(self) -> bool:
         return bool(self._updates or self._embedded)
 
@@ -123,8 +128,10 @@ class TickDrafts:
             cache,
             self._embedded,
             self._embed_batch,
+            self._guessed,
         )
         self._updates = {}
         self._grants, self._ended, self._rejections, self._embedded = [], [], [], []
         self._embed_batch = None
+        self._guessed = Guessed()
         return report

@@ -112,6 +112,9 @@ class KvSpace:
             self.runtime.forget(seq.slot)
             self.kept.keep(seq.slot, [])
             return
+        # Cells past its tokens: guesses of its last step (engine/speculation.py) that a
+        # stop string or max_tokens left untaken.
+        self.runtime.forget(seq.slot, seq.n_past)
         tokens = seq.kv_tokens()
         self._call(seq, "caching its prefix", lambda c: c.store(tokens, self._saver(seq)), 0)
         self.kept.keep(seq.slot, tokens)

@@ -57,6 +57,9 @@ class EngineMeter:
         self._batch_requests = m.histogram("tinyserve_batch_requests")
         self._batch_tokens = m.histogram("tinyserve_batch_tokens")
         self._decode = m.histogram("tinyserve_decode_step_seconds")
+        self._spec_steps = m.counter("tinyserve_speculative_steps_total")
+        self._spec_guessed = m.counter("tinyserve_speculative_guessed_tokens_total")
+        self._spec_accepted = m.counter("tinyserve_speculative_accepted_tokens_total")
         self._embed_inputs = m.counter("tinyserve_embedding_inputs_total")
         self._embed_tokens = m.counter("tinyserve_embedding_tokens_total")
         self._embed_batch = m.histogram("tinyserve_embedding_batch_seconds")
@@ -72,6 +75,10 @@ class EngineMeter:
             self._decode.observe(batch.decode_s)
         if report.generated:
             self._generated.inc(report.generated)
+        if report.guessed.steps:
+            self._spec_steps.inc(report.guessed.steps)
+            self._spec_guessed.inc(report.guessed.tokens)
+            self._spec_accepted.inc(report.guessed.accepted)
         if report.embed_batch is not None:
             self._embed_inputs.inc(report.embed_batch.inputs)
             self._embed_tokens.inc(report.embed_batch.tokens)

@@ -89,12 +89,26 @@ class Load:
 
 
 @dataclass(slots=True)
+class Guessed:
+    """A tick's speculation: decode rows with guesses, tokens guessed, tokens confirmed."""
+
+    steps: int = 0
+    tokens: int = 0
+    accepted: int = 0
+
+    def add(self, tokens: int, accepted: int) -> None:
+        self.steps += 1
+        self.tokens += tokens
+        self.accepted += accepted
+
+
+@dataclass(slots=True)
 class TickReport:
     """Everything one tick (or one idle pass) produced.
 
     ``updates`` are the wire updates per frontend id; ``cache`` is the prefix cache's running
     totals; ``embedded`` the embedding requests that ended, ``embed_batch`` the embedding batch
-    the tick ran.
+    the tick ran; ``guessed`` its speculation.
     """
 
     load: Load
@@ -106,6 +120,7 @@ class TickReport:
     cache: CacheStats | None = None
     embedded: list[Embedded] = field(default_factory=list)
     embed_batch: EmbedBatch | None = None
+    guessed: Guessed = field(default_factory=Guessed)
 
     @property
     def generated(self) -> int:

@@ -27,6 +27,7 @@ from tinyserve.engine.policies import Policy, make_policy
 from tinyserve.engine.report import Cause, Ended, Grant, Rejected
 from tinyserve.engine.runner import Computed, Outcome, Row, Runner, Sampled
 from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.engine.speculation import Speculation
 from tinyserve.engine.timeline import RecentTimelines, Timeline
 from tinyserve.errors import EngineFatalError, RequestError
 from tinyserve.logs import fields
@@ -185,11 +186,13 @@ class Scheduler:
 
     def _plan(self) -> list[Row]:
         """Every decoding sequence's token first, then prefill chunks within the token budget
-        (in grant order); the rows go to llama.cpp in slot order, since it decodes rows of
-        consecutive sequence ids in one pass and splits the batch wherever the order breaks."""
-        plan = [Row(seq, 1, True) for seq in self.running if seq.status is Status.DECODE]
+        (in grant order), then guesses in what budget is left; the rows go to llama.cpp in
+        slot order, since it decodes rows of consecutive sequence ids in one pass and splits
+        the batch wherever the order breaks."""
+        decoding = [seq for seq in self.running if seq.status is Status.DECODE]
+        plan: list[Row] = []
         budget = min(self.config.max_batch_tokens, self.kv.runtime.batch.capacity)
-        used = len(plan)
+        used = len(decoding)
         for seq in self.running:
             n = min(seq.prefill_left, self.config.chunk, budget - used)
             room = budget - self.config.slots
@@ -198,7 +201,25 @@ class Scheduler:
             last = seq.n_past + n == seq.prompt_len
             plan.append(Row(seq, n, last and seq.request.max_tokens > 0))
             used += n
+        for seq in decoding:
+            guess = self._guess(seq, budget - used)
+            plan.append(Row(seq, 1 + len(guess), True, guess))
+            used += len(guess)
         return sorted(plan, key=lambda row: row.seq.slot)
+
+    def _guess(self, seq: Sequence, spare: int) -> tuple[int, ...]:
+        """``seq``'s guessed next tokens for this tick (engine/speculation.py): only while its
+        next token is plain greedy, within ``spare`` rows of the budget, its slot's cells and
+        its ``max_tokens``."""
+        spec = seq.spec
+        if spec is None or not self.runner.samplers[seq.slot].greedy:
+            return ()
+        room = min(
+            spare,
+            self.n_ctx - seq.n_past - 2,  # its last token's cell, then one per guessed token
+            seq.request.max_tokens - seq.generated - 1,
+        )
+        return tuple(spec.guess(room))
 
     # -- one tick: after the decode ----------------------------------------------------------
 
@@ -221,8 +242,11 @@ class Scheduler:
         seq, n = item.row.seq, item.row.n_tokens
         if item.prompt_logprobs is not None:
             self.drafts.prompt_logprobs(seq.request, item.prompt_logprobs)
-        seq.n_past += n
         self.policy.charge(seq, n)
+        if item.row.guess:
+            self._take_guessed(item, batch_size, now)
+            return
+        seq.n_past += n
         if seq.status is Status.DECODE:
             seq.timeline.decode_tick(self.tick, batch_size, now)
         else:
@@ -237,7 +261,37 @@ class Scheduler:
             seq.status = Status.DECODE
             seq.timeline.first_token(now)
             self._fork(seq, item.logits_row, now)
+            self._start_guessing(seq)
         self._take(seq, item.sampled)
+
+    def _take_guessed(self, item: Computed, batch_size: int, now: int) -> None:
+        """A decode row with guesses: its token and each confirmed guess's follower, in order,
+        for as long as the request goes on; the cells of guesses not confirmed are dropped."""
+        seq, guessed, confirmed = item.row.seq, len(item.row.guess), len(item.confirmed)
+        assert seq.spec is not None and item.sampled is not None
+        seq.spec.took(guessed, confirmed)
+        seq.timeline.decode_tick(self.tick, batch_size, now)
+        seq.timeline.guessed(self.tick, guessed, confirmed)
+        self.drafts.guessed(guessed, confirmed)
+        # The cells hold its last token, then the guesses: those up to the first wrong one
+        # are now its tokens.
+        self.kv.runtime.forget(seq.slot, seq.n_past + 1 + confirmed)
+        for sampled in [item.sampled, *item.confirmed]:
+            seq.n_past += 1
+            self._take(seq, sampled)
+            if seq.status is Status.FINISHED:
+                return
+
+    def _start_guessing(self, seq: Sequence) -> None:
+        """A greedy request that starts decoding starts guessing (unless ``--speculate off``
+        or it asked for logprobs, which a guessed row does not compute)."""
+        sampling = seq.request.sampling
+        if self.config.speculate == "off" or sampling.logprobs >= 0:
+            return
+        if not self.runner.samplers[seq.slot].greedy:
+            return
+        seq.spec = Speculation(self.config.speculate_tokens)
+        seq.spec.lookup.extend(seq.request.prompt_ids)
 
     def _fork(self, leader: Sequence, logits_row: int, now: int) -> None:
         """``leader``'s prompt is in: the choices waiting on it copy it and sample its row."""
@@ -252,6 +306,8 @@ class Scheduler:
         """``seq`` generated ``sampled``: report it, and end the request where it should."""
         seq.last_token = sampled.token
         seq.output_ids.append(sampled.token)
+        if seq.spec is not None:
+            seq.spec.lookup.extend([sampled.token])
         text = seq.stops.feed(sampled.text) if sampled.text else b""
         self.drafts.token(seq.request, sampled.token, text, sampled.logprobs)
         if sampled.end or seq.stops.stopped:

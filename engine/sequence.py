@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from tinyserve.engine.speculation import Speculation
 from tinyserve.engine.stops import StopMatcher
 from tinyserve.engine.timeline import Timeline
 from tinyserve.protocol import Submit
@@ -37,6 +38,7 @@ class Sequence:
     # choices waiting on this one's.
     leader: Sequence | None = None
     followers: list[Sequence] = field(default_factory=list)
+    spec: Speculation | None = None  # its guessing, once it decodes (engine/speculation.py)
 
     def __post_init__(self) -> None:
         self.stops = StopMatcher(self.request.sampling.stop)

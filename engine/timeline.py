@@ -44,6 +44,7 @@ class Timeline:
         "first_token_ns",
         "grammar",
         "grants_at_accept",
+        "guesses",
         "policy",
         "prefix_recomputed",
         "prefix_tokens",
@@ -68,6 +69,7 @@ class Timeline:
         self.finish: Finished | None = None
         self.grammar: GrammarWire | None = None  # set at the slot grant of a constrained one
         self.restore: RestoreWire | None = None  # the prefix cache wrote the reused tokens
+        self.guesses: list[list[int]] = []  # [tick, guessed, accepted] per step with a guess
         self._last_ns = 0
 
     # -- recording ---------------------------------------------------------------------------
@@ -105,6 +107,10 @@ class Timeline:
     def forked(self, request_id: str, tokens: int) -> None:
         """Its first ``tokens`` prompt tokens' KV was copied from ``request_id``'s prefill."""
         self.shared_prefill = {"request_id": request_id, "tokens": tokens}
+
+    def guessed(self, tick: int, tokens: int, accepted: int) -> None:
+        """Its decode row of ``tick`` carried ``tokens`` guessed tokens; ``accepted`` held."""
+        self.guesses.append([tick, tokens, accepted])
 
     def first_token(self, now: int) -> None:
         self.first_token_ns = now
@@ -160,6 +166,12 @@ class Timeline:
             wire["grammar"] = self.grammar
         if self.restore is not None:
             wire["restore"] = self.restore
+        if self.guesses:
+            wire["speculation"] = {
+                "guessed": sum(g[1] for g in self.guesses),
+                "accepted": sum(g[2] for g in self.guesses),
+                "steps": self.guesses,
+            }
         return wire
 
     def _status(self) -> str:

@@ -182,6 +182,16 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("chunk", _pint, 128, "largest prefill chunk of one request per tick", _ENG),
     Option("max_batch_tokens", _pint, 256, "token budget of one decode call", _ENG),
+    Option(
+        "speculate",
+        str,
+        "ngram",
+        "greedy requests' next tokens guessed from their own text and checked in the same "
+        "decode (prompt lookup); off: one token per step",
+        _ENG,
+        ("ngram", "off"),
+    ),
+    Option("speculate_tokens", _pint, 8, "most tokens one sequence guesses per step", _ENG),
     Option("block_size", _pint, 16, "tokens per KV accounting block", _ENG),
     Option("threads", _nnint, 0, "llama.cpp threads (0: the CPUs this process may use)", _ENG),
     Option(
@@ -315,6 +325,8 @@ class Config:
     ctx_per_slot: int
     chunk: int
     max_batch_tokens: int
+    speculate: str
+    speculate_tokens: int
     block_size: int
     threads: int
     repack: str

@@ -136,6 +136,11 @@ SPECS: tuple[Spec, ...] = (
     _histogram("tinyserve_embedding_batch_seconds", "Duration of one embedding batch (at most "
                "--embedding-max-tokens tokens, run between two generation ticks)", ENGINE,
                SECONDS),
+    _counter("tinyserve_speculative_steps_total", "Decode rows that carried guessed tokens "
+             "(prompt lookup, --speculate)", ENGINE),
+    _counter("tinyserve_speculative_guessed_tokens_total", "Tokens guessed", ENGINE),
+    _counter("tinyserve_speculative_accepted_tokens_total", "Guessed tokens the model agreed "
+             "with: each one a token generated without a step of its own", ENGINE),
     # -- engine: prefix cache
     _counter("tinyserve_prefix_cache_lookups_total", "Slot grants that looked for a prompt's "
              "start in a slot's kept cells and the prefix cache", ENGINE),

@@ -91,6 +91,15 @@ class RestoreWire(TypedDict):
     ms: float
 
 
+class SpeculationWire(TypedDict):
+    """Tokens guessed from the request's own text (``--speculate``): totals, and each decode
+    step that carried a guess as ``[tick, guessed, accepted]``."""
+
+    guessed: int
+    accepted: int
+    steps: list[list[int]]
+
+
 class TimelineWire(TypedDict):
     """A whole timeline as the API returns it (``grammar`` only for constrained requests)."""
 
@@ -114,6 +123,7 @@ class TimelineWire(TypedDict):
     shared_prefill: NotRequired[SharedPrefillWire]
     prefix_recomputed_tokens: NotRequired[int]
     restore: NotRequired[RestoreWire]  # only when the prefix cache wrote the reused tokens
+    speculation: NotRequired[SpeculationWire]  # only when it guessed at all
 
 
 def read_wire(timeline: Mapping[str, Any]) -> TimelineWire:

@@ -73,11 +73,13 @@ class RequestTimeline(BaseModel):
     decode: dict[str, Any] | None = None
     finish: dict[str, Any] | None = None
     # Only in some timelines (a constrained request, a fork, prompt logprobs, a prefix the
-    # cache wrote into the slot): left out when absent, as in the final event's copy.
+    # cache wrote into the slot, guessed tokens): left out when absent, as in the final
+    # event's copy.
     grammar: dict[str, Any] | None = Field(None, exclude_if=is_none)
     shared_prefill: dict[str, Any] | None = Field(None, exclude_if=is_none)
     prefix_recomputed_tokens: int | None = Field(None, exclude_if=is_none)
     restore: dict[str, Any] | None = Field(None, exclude_if=is_none)
+    speculation: dict[str, Any] | None = Field(None, exclude_if=is_none)
 
 
 NativeFinishReason = Literal[
