@@ -23,7 +23,13 @@ from tinyserve.frontend.models.embeddings import (
     EmbeddingsRequest,
     EmbeddingsUsage,
 )
-from tinyserve.frontend.models.errors import ENGINE_ERROR, MODEL_NOT_FOUND, ApiError, invalid
+from tinyserve.frontend.models.errors import (
+    CONTEXT_LENGTH_EXCEEDED,
+    ENGINE_ERROR,
+    MODEL_NOT_FOUND,
+    ApiError,
+    invalid,
+)
 from tinyserve.frontend.models.parse import read_body
 from tinyserve.frontend.request import admission
 from tinyserve.frontend.request.generation import check_token_ids
@@ -110,7 +116,7 @@ async def _token_ids(request: web.Request, req: EmbeddingsRequest) -> list[list[
                 f"{param(i)!r} is {len(ids)} tokens, over this server's limit of {limit} "
                 "(--embedding-max-tokens)"
             )
-            raise invalid(message, param(i))
+            raise ApiError(400, CONTEXT_LENGTH_EXCEEDED, message, param=param(i))
     return inputs
 
 

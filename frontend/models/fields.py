@@ -25,7 +25,8 @@ from tinyserve.protocol import TENANT_PATTERN, TENANT_TEXT
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 64
 SEED_MAX = 2**32 - 1  # llama.cpp seeds are uint32
-TOP_K_MAX = 2**31 - 1  # llama.cpp's top_k is an int32 (and msgpack stops at 64 bits)
+INT32_MAX = 2**31 - 1  # llama.cpp's counts are int32 (and msgpack stops at 64 bits)
+TOP_K_MAX = INT32_MAX
 
 
 def _one_as_list(value: Any) -> Any:
@@ -52,7 +53,7 @@ Penalty = Annotated[float, Number(-2, 2)]
 Fraction = Annotated[float, Number(0, 1)]
 TypicalP = Annotated[float, Number(0, 1, above_low=True)]
 RepetitionPenalty = Annotated[float, Number(0, 10, above_low=True)]
-MinTokens = Annotated[int, Integer(0)]
+MinTokens = Annotated[int, Integer(0, INT32_MAX)]
 MAX_LOGIT_BIAS = 300  # entries
 LogitBias = Annotated[
     dict[

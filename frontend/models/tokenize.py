@@ -25,7 +25,7 @@ TokenId = Annotated[int, Field(ge=0), INTEGRAL]
 # the chat fields with messages only.
 _CHAT_ONLY = {
     "add_generation_prompt": {"type": "null"},
-    "continue_final_message": {"const": False},
+    "continue_final_message": {"enum": [False, None]},  # null: the default, as everywhere
     "tools": {"maxItems": 0},
     "tool_choice": {"type": "null"},
 }

@@ -52,7 +52,7 @@ ADMISSION_REASONS = {"queue_full"}
 # Refusals of valid-looking input that depend on the served model or the prompt's token count,
 # which the document cannot know.
 MODEL_DEPENDENT_TYPES = {"context_length_exceeded", "prompt_too_long"}
-MODEL_DEPENDENT = ("tokenizes to 0 tokens", "is not in the vocabulary")
+MODEL_DEPENDENT = ("tokenizes to 0 tokens", "is not in the vocabulary", "embedding size")
 # Languages inside a string or object field, which JSON Schema cannot check: a GBNF grammar
 # (llama.cpp's parser decides) and a JSON schema asking for what no grammar can enforce
 # (``response_format``'s, or a tool's parameters).
@@ -139,7 +139,7 @@ def assert_not_a_server_error(response: requests.Response) -> None:
     if response.status_code < 500:
         return
     reason = response.json()["error"].get("reason") or response.json()["error"].get("code")
-    assert response.status_code == 503 and reason in ADMISSION_REASONS, response.text
+    assert response.status_code == 503 and reason in ADMISSION_REASONS, (response.text, response.request.body)
 
 
 def acceptance(ctx: Any, response: Any, case: Any) -> bool | None:

@@ -241,6 +241,7 @@ UNSTATED_RULES = (
     "'response_format' excludes 'tools'",
     "'output_config.format' excludes 'tools'",  # Anthropic's and the Responses API's alike
     "'text.format' excludes 'tools'",
+    "'grammar' excludes a 'response_format' other than text",  # as 'tools' above
     "turn cannot hold a",  # an Anthropic block of the other role's turn (a "contains" rule)
 )
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
