@@ -139,7 +139,10 @@ def assert_not_a_server_error(response: requests.Response) -> None:
     if response.status_code < 500:
         return
     reason = response.json()["error"].get("reason") or response.json()["error"].get("code")
-    assert response.status_code == 503 and reason in ADMISSION_REASONS, (response.text, response.request.body)
+    assert response.status_code == 503 and reason in ADMISSION_REASONS, (
+        response.text,
+        response.request.body,
+    )
 
 
 def acceptance(ctx: Any, response: Any, case: Any) -> bool | None:
