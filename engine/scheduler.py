@@ -27,7 +27,7 @@ from tinyserve.engine.policies import Policy, make_policy
 from tinyserve.engine.report import Cause, Ended, Grant, Rejected
 from tinyserve.engine.runner import Computed, Outcome, Row, Runner, Sampled
 from tinyserve.engine.sequence import Sequence, Status
-from tinyserve.engine.speculation import Speculation
+from tinyserve.engine.speculation import Speculation, StepCost
 from tinyserve.engine.timeline import RecentTimelines, Timeline
 from tinyserve.errors import EngineFatalError, RequestError
 from tinyserve.logs import fields
@@ -68,6 +68,7 @@ class Scheduler:
         self.drafts = TickDrafts()
         self.recent = RecentTimelines(config.timeline_keep)
         self.drain = DrainRate(config.chunk, config.slots)
+        self.step_cost = StepCost()  # what a guessed row costs (engine/speculation.py)
         self.draining = False
         self.tick = 0
         self._arrivals = 0
@@ -201,16 +202,17 @@ class Scheduler:
             last = seq.n_past + n == seq.prompt_len
             plan.append(Row(seq, n, last and seq.request.max_tokens > 0))
             used += n
+        bar = self.step_cost.bar(len(decoding))
         for seq in decoding:
-            guess = self._guess(seq, budget - used)
+            guess = self._guess(seq, budget - used, bar)
             plan.append(Row(seq, 1 + len(guess), True, guess))
             used += len(guess)
         return sorted(plan, key=lambda row: row.seq.slot)
 
-    def _guess(self, seq: Sequence, spare: int) -> tuple[int, ...]:
+    def _guess(self, seq: Sequence, spare: int, bar: float) -> tuple[int, ...]:
         """``seq``'s guessed next tokens for this tick (engine/speculation.py): only while its
-        next token is plain greedy, within ``spare`` rows of the budget, its slot's cells and
-        its ``max_tokens``."""
+        next token is plain greedy, as many as pay at ``bar``, within ``spare`` rows of the
+        budget, its slot's cells and its ``max_tokens``."""
         spec = seq.spec
         if spec is None or not self.runner.samplers[seq.slot].greedy:
             return ()
@@ -219,13 +221,16 @@ class Scheduler:
             self.n_ctx - seq.n_past - 2,  # its last token's cell, then one per guessed token
             seq.request.max_tokens - seq.generated - 1,
         )
-        return tuple(spec.guess(room))
+        return tuple(spec.guess(room, bar))
 
     # -- one tick: after the decode ----------------------------------------------------------
 
     def postprocess(self, outcome: Outcome, now: int) -> None:
         """What the decode's results mean for each request in the batch."""
         self.tick += 1
+        batch = outcome.batch
+        if outcome.status == 0 and batch.tokens and not batch.prefill_tokens:
+            self.step_cost.observe(batch.tokens, batch.decode_s)
         if outcome.status != 0:  # the batch's KV state is undefined: fail just these requests
             log.error("llama_decode failed", extra=fields(status=outcome.status))
             for item in outcome.computed:

@@ -8,20 +8,33 @@ picks, and the longest agreeing run is taken, so a greedy reply is the same toke
 with speculation on or off. Sampled requests are not speculated on: their distribution stays
 what their sampler chain gives, with no rule needed to keep it.
 
-Never slower: each sequence's guess length adapts to how its guesses fare. It doubles (up to
-``--speculate-tokens``) while they are taken whole and halves when none is; at zero the
-sequence stops guessing for ``COOLDOWN_TICKS`` ticks, then tries one token again. The
-scheduler gives guesses only the step's token budget left after every decode row and prefill
-chunk, so they never take a prompt's place in the batch.
+Never slower, by measuring. A guessed row costs what one more row costs the step, and pays
+only when its token is taken. ``StepCost`` fits the engine's own decode steps as
+``fixed + per_row * rows``; a step of ``B`` decoding sequences gives each a token for
+``(fixed + per_row * B) / B`` seconds, so a guessed row is worth its ``per_row`` when the
+chance that its token is taken is above ``per_row * B / (fixed + per_row * B)``. On a CPU,
+where a row costs nearly as much as the fixed part, that bar is low for one sequence and
+high for eight; on a GPU it is near zero. Each sequence estimates, from its own recent
+guesses, the chance that a guessed token holds given the one before it did, and guesses as
+many tokens as keep the chance of reaching them above the bar (the j-th is reached with that
+chance to the power j). A sequence whose guesses do not pay stops guessing for
+``COOLDOWN_TICKS`` ticks, then tries one token to learn again. The scheduler gives guesses
+only the step's token budget left after every decode row and prefill chunk.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 NGRAM_MAX = 3
 NGRAM_MIN = 2
 COOLDOWN_TICKS = 16
+# How fast old evidence fades: a sequence's guesses and the engine's step times, per update.
+DECAY = 0.9
+COST_DECAY = 0.995
+# The bar before the engine has timed steps of two sizes: one guessed token in two taken.
+UNFITTED_BAR = 0.5
 
 
 class Lookup:
@@ -61,36 +74,85 @@ class Lookup:
         return []
 
 
+class StepCost:
+    """A decode step's duration as ``fixed + per_row * rows``, fitted by least squares over
+    the engine's steps without prompt tokens, recent ones weighing more."""
+
+    def __init__(self) -> None:
+        self._n = self._x = self._y = self._xx = self._xy = 0.0
+
+    def observe(self, rows: int, seconds: float) -> None:
+        d = COST_DECAY
+        self._n = self._n * d + 1
+        self._x = self._x * d + rows
+        self._y = self._y * d + seconds
+        self._xx = self._xx * d + rows * rows
+        self._xy = self._xy * d + rows * seconds
+
+    def fit(self) -> tuple[float, float] | None:
+        """``(fixed, per_row)`` in seconds, or None before steps of two sizes were timed."""
+        spread = self._n * self._xx - self._x * self._x
+        if spread <= 1e-9 * max(self._n * self._xx, 1.0):
+            return None
+        per_row = (self._n * self._xy - self._x * self._y) / spread
+        fixed = (self._y - per_row * self._x) / self._n
+        return max(fixed, 0.0), max(per_row, 0.0)
+
+    def bar(self, batch: int) -> float:
+        """The least chance of being taken at which a guessed token pays for its row, in a
+        step of ``batch`` decoding sequences."""
+        fitted = self.fit()
+        if fitted is None:
+            return UNFITTED_BAR
+        fixed, per_row = fitted
+        whole = fixed + per_row * batch
+        return per_row * batch / whole if whole > 0 else 0.0
+
+
 @dataclass
 class Speculation:
-    """One sequence's guessing: its lookup, and how many tokens it guesses now."""
+    """One sequence's guessing: its lookup, and what its recent guesses say of the next."""
 
     max_k: int
-    k: int = 0
-    cooldown: int = 0  # ticks to go without guessing
     lookup: Lookup = field(default_factory=Lookup)
+    held: float = 2.0  # guessed tokens taken, decayed (a prior of two in three)
+    failed: float = 1.0  # guesses cut short by a wrong token, decayed
+    cooldown: int = 0  # ticks to go without guessing
+    probing: bool = False  # the cooldown is over: one token, whatever the bar
     guessed: int = 0  # totals, for the timeline
     accepted: int = 0
 
-    def __post_init__(self) -> None:
-        self.k = self.max_k
+    @property
+    def chance(self) -> float:
+        """The chance that a guessed token holds, given that the one before it did."""
+        return self.held / (self.held + self.failed)
 
-    def guess(self, room: int) -> list[int]:
-        """This tick's guess, at most ``room`` tokens (none while cooling down)."""
+    def length(self, bar: float) -> int:
+        """How many tokens to guess: as many as are reached with a chance above ``bar``."""
+        q = self.chance
+        if q <= bar or q <= 0:
+            return 0
+        if q >= 1 or bar <= 0:
+            return self.max_k
+        return min(self.max_k, math.floor(math.log(bar) / math.log(q)))
+
+    def guess(self, room: int, bar: float) -> list[int]:
+        """This tick's guess, at most ``room`` tokens: none while cooling down or when no
+        guess would pay (which starts a cooldown)."""
         if self.cooldown:
             self.cooldown -= 1
-            if self.cooldown == 0:
-                self.k = 1
+            self.probing = self.cooldown == 0
             return []
-        return self.lookup.guess(min(self.k, room)) if room > 0 else []
+        k = 1 if self.probing else self.length(bar)
+        if k == 0:
+            self.cooldown = COOLDOWN_TICKS
+            return []
+        return self.lookup.guess(min(k, room)) if room > 0 else []
 
     def took(self, guessed: int, accepted: int) -> None:
         """``accepted`` of the ``guessed`` tokens agreed with the model."""
         self.guessed += guessed
         self.accepted += accepted
-        if accepted == guessed:
-            self.k = min(self.k * 2, self.max_k)
-        elif accepted == 0:
-            self.k //= 2
-            if self.k == 0:
-                self.cooldown = COOLDOWN_TICKS
+        self.probing = False
+        self.held = self.held * DECAY + accepted
+        self.failed = self.failed * DECAY + (accepted < guessed)

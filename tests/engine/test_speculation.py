@@ -12,7 +12,13 @@ import pytest
 from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.runtime import LlamaRuntime
-from tinyserve.engine.speculation import COOLDOWN_TICKS, Lookup, Speculation
+from tinyserve.engine.speculation import (
+    COOLDOWN_TICKS,
+    UNFITTED_BAR,
+    Lookup,
+    Speculation,
+    StepCost,
+)
 
 from .conftest import core_config
 from .test_core import Driver
@@ -36,22 +42,49 @@ def test_a_guess_repeats_a_period_past_the_end() -> None:
     assert lookup.guess(7) == [5, 6, 7, 5, 6, 7, 5]
 
 
-def test_the_guess_length_adapts_down_to_a_pause() -> None:
+def test_the_step_cost_is_fitted_from_steps_of_two_sizes() -> None:
+    cost = StepCost()
+    cost.observe(8, 0.050)
+    assert cost.fit() is None and cost.bar(8) == UNFITTED_BAR  # one size: no slope yet
+    for rows, seconds in [(1, 0.014), (9, 0.054), (4, 0.029), (8, 0.049)]:
+        cost.observe(rows, seconds)
+    fitted = cost.fit()
+    assert fitted is not None
+    fixed, per_row = fitted
+    assert abs(per_row - 0.005) < 0.0005 and abs(fixed - 0.009) < 0.001
+    # a guessed token must be likelier to hold in a batch of 8 than alone
+    assert 0 < cost.bar(1) < cost.bar(8) < 1
+    free = StepCost()
+    for rows in (1, 2, 4, 8):
+        free.observe(rows, 0.010)  # rows cost nothing more: guessing always pays
+    assert free.bar(8) < 1e-9
+
+
+def test_the_guess_length_follows_the_chance_of_holding_and_the_bar() -> None:
     spec = Speculation(max_k=8)
     spec.lookup.extend([5, 6, 7] * 10)
-    assert len(spec.guess(room=100)) == 8
-    assert len(spec.guess(room=3)) == 3  # never past the room it is given
-    spec.took(8, 3)
-    assert spec.k == 8  # some taken: as it was
-    for k in (4, 2, 1, 0):
-        spec.took(spec.k, 0)
-        assert spec.k == k
+    assert spec.chance == 2 / 3  # the prior
+    assert spec.length(bar=0.5) == 1  # (2/3)^1 > 0.5 > (2/3)^2
+    assert spec.length(bar=0.0) == 8
+    assert len(spec.guess(room=3, bar=0.0)) == 3  # never past the room it is given
+    for _ in range(20):
+        spec.took(8, 8)
+    assert spec.chance > 0.95 and spec.length(bar=0.5) == 8
+    for _ in range(40):  # old evidence fades
+        spec.took(2, 0)
+    assert spec.length(bar=0.3) == 0
+
+
+def test_a_sequence_whose_guesses_do_not_pay_pauses_then_probes_one_token() -> None:
+    spec = Speculation(max_k=8)
+    spec.lookup.extend([5, 6, 7] * 10)
+    assert spec.guess(room=100, bar=0.9) == []  # 2/3 is under the bar: a pause begins
     for _ in range(COOLDOWN_TICKS):
-        assert spec.guess(room=100) == []
-    assert len(spec.guess(room=100)) == 1  # then one token again
+        assert spec.guess(room=100, bar=0.0) == []
+    assert len(spec.guess(room=100, bar=0.9)) == 1  # the probe, whatever the bar
     spec.took(1, 1)
-    assert spec.k == 2
-    assert (spec.guessed, spec.accepted) == (8 + 8 + 4 + 2 + 1 + 1, 3 + 1)  # what took() heard
+    assert spec.guess(room=100, bar=0.9) == []  # still not worth it: another pause
+    assert (spec.guessed, spec.accepted) == (1, 1)
 
 
 REPEATING = [
@@ -63,10 +96,24 @@ REPEATING = [
 FREE = ["Once upon a time, in a small village by the sea,", "The capital of France is"]
 
 
+class FreeRows(StepCost):
+    """A step cost under which every guess pays, so that the tests guess whatever this
+    machine's timings say."""
+
+    def bar(self, batch: int) -> float:
+        return 0.0
+
+
+def guessing_core(runtime: LlamaRuntime, **settings: object) -> EngineCore:
+    core = EngineCore(core_config(**settings), runtime)
+    core.scheduler.step_cost = FreeRows()
+    return core
+
+
 def run_all(
     runtime: LlamaRuntime, prompts: list[list[int]], speculate: str, **sampling: object
 ) -> tuple[Driver, list[str]]:
-    driver = Driver(EngineCore(core_config(speculate=speculate), runtime))
+    driver = Driver(guessing_core(runtime, speculate=speculate))
     rids = [driver.submit(ids, max_tokens=40, **sampling) for ids in prompts]
     driver.run(max_ticks=2000)
     return driver, rids
@@ -105,7 +152,7 @@ def test_sampled_and_logprob_requests_are_not_guessed(
 def test_max_tokens_and_the_budget_hold_with_guesses(
     runtime: LlamaRuntime, tokenize: Callable[[str], list[int]], max_tokens: int
 ) -> None:
-    driver = Driver(EngineCore(core_config(), runtime))
+    driver = Driver(guessing_core(runtime))
     rid = driver.submit(tokenize(REPEATING[3]), max_tokens=max_tokens)
     long_prompt = driver.submit(list(range(200, 330)), max_tokens=4)  # prefills beside it
     driver.run()
