@@ -88,17 +88,19 @@ class Runner:
 
     def run(self, plan: list[Row]) -> Outcome:
         """Write ``plan``'s rows (in its order), decode once, sample what was asked."""
+        began = time.perf_counter()
         self.runtime.batch.clear()
         computed = [self._write(row) for row in plan]
         started = time.perf_counter()
         status = self.runtime.decode()
         elapsed = time.perf_counter() - started
         written = [c for c in computed if c.error is None]
-        tokens = sum(c.row.n_tokens for c in written)
-        decoding = sum(c.row.n_tokens for c in written if c.row.seq.status is Status.DECODE)
-        batch = Batch(len(written), tokens, tokens - decoding, decoding, elapsed)
         if status == 0:
             self._compute(written)
+        tokens = sum(c.row.n_tokens for c in written)
+        decoding = sum(c.row.n_tokens for c in written if c.row.seq.status is Status.DECODE)
+        whole = time.perf_counter() - began
+        batch = Batch(len(written), tokens, tokens - decoding, decoding, elapsed, whole)
         return Outcome(status, computed, batch)
 
     def sample(self, seq: Sequence, logits_row: int) -> Sampled:

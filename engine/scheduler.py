@@ -230,7 +230,7 @@ class Scheduler:
         self.tick += 1
         batch = outcome.batch
         if outcome.status == 0 and batch.tokens and not batch.prefill_tokens:
-            self.step_cost.observe(batch.tokens, batch.decode_s)
+            self.step_cost.observe(batch.tokens, batch.run_s)
         if outcome.status != 0:  # the batch's KV state is undefined: fail just these requests
             log.error("llama_decode failed", extra=fields(status=outcome.status))
             for item in outcome.computed:

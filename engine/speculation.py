@@ -9,7 +9,8 @@ with speculation on or off. Sampled requests are not speculated on: their distri
 what their sampler chain gives, with no rule needed to keep it.
 
 Never slower, by measuring. A guessed row costs what one more row costs the step, and pays
-only when its token is taken. ``StepCost`` fits the engine's own decode steps as
+only when its token is taken. ``StepCost`` fits the runner's time for the engine's own
+decode steps (writing the batch, ``llama_decode``, picking the tokens) as
 ``fixed + per_row * rows``; a step of ``B`` decoding sequences gives each a token for
 ``(fixed + per_row * B) / B`` seconds, so a guessed row is worth its ``per_row`` when the
 chance that its token is taken is above ``per_row * B / (fixed + per_row * B)``. On a CPU,
