@@ -103,6 +103,23 @@ class Runner:
         batch = Batch(len(written), tokens, tokens - decoding, decoding, elapsed, whole)
         return Outcome(status, computed, batch)
 
+    def time_rows(self, seq: Sequence, rows: int) -> float:
+        """Seconds a step of ``rows`` rows with logits of ``seq`` takes the runner (written at
+        its next positions, decoded, picked), those cells dropped after: a measurement for
+        speculation's step cost, outside any tick's plan."""
+        builder = self.runtime.batch
+        builder.clear()
+        started = time.perf_counter()
+        for i in range(rows):
+            builder.add(seq.last_token, seq.n_past + i, seq.slot, True)
+        status = self.runtime.decode()
+        if status == 0:
+            self.runtime.argmax(list(range(rows)))
+        elapsed = time.perf_counter() - started
+        self.runtime.forget(seq.slot, seq.n_past)
+        builder.clear()
+        return elapsed if status == 0 else -1.0
+
     def sample(self, seq: Sequence, logits_row: int) -> Sampled:
         """``seq``'s next token from the logits of ``logits_row`` of the last decode."""
         return self._sampled(

@@ -27,7 +27,7 @@ from tinyserve.engine.policies import Policy, make_policy
 from tinyserve.engine.report import Cause, Ended, Grant, Rejected
 from tinyserve.engine.runner import Computed, Outcome, Row, Runner, Sampled
 from tinyserve.engine.sequence import Sequence, Status
-from tinyserve.engine.speculation import Speculation, StepCost
+from tinyserve.engine.speculation import CALIBRATION_ROWS, Speculation, StepCost
 from tinyserve.engine.timeline import RecentTimelines, Timeline
 from tinyserve.errors import EngineFatalError, RequestError
 from tinyserve.logs import fields
@@ -216,6 +216,8 @@ class Scheduler:
         spec = seq.spec
         if spec is None or not self.runner.samplers[seq.slot].greedy:
             return ()
+        if not self.step_cost.calibrated and seq.n_past + CALIBRATION_ROWS < self.n_ctx:
+            self.step_cost.calibrate(lambda rows: self.runner.time_rows(seq, rows))
         room = min(
             spare,
             self.n_ctx - seq.n_past - 2,  # its last token's cell, then one per guessed token

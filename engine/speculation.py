@@ -26,6 +26,7 @@ only the step's token budget left after every decode row and prefill chunk.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 NGRAM_MAX = 3
@@ -36,6 +37,8 @@ DECAY = 0.9
 COST_DECAY = 0.995
 # The bar before the engine has timed steps of two sizes: one guessed token in two taken.
 UNFITTED_BAR = 0.5
+CALIBRATION_ROWS = 9  # a row and eight guesses
+CALIBRATION_WEIGHT = 20.0
 
 
 class Lookup:
@@ -77,18 +80,31 @@ class Lookup:
 
 class StepCost:
     """A decode step's duration as ``fixed + per_row * rows``, fitted by least squares over
-    the engine's steps without prompt tokens, recent ones weighing more."""
+    the engine's steps without prompt tokens, recent ones weighing more, and seeded by a
+    measurement of one row against ``CALIBRATION_ROWS`` (``calibrate``): steps of one size
+    alone, as a lone sequence that never guesses makes, would leave the slope unknown."""
 
     def __init__(self) -> None:
         self._n = self._x = self._y = self._xx = self._xy = 0.0
+        self.calibrated = False
 
-    def observe(self, rows: int, seconds: float) -> None:
+    def calibrate(self, time_rows: Callable[[int], float]) -> None:
+        """Time steps of 1 and ``CALIBRATION_ROWS`` rows (the best of three each) and count
+        them as ``CALIBRATION_WEIGHT`` steps apiece."""
+        self.calibrated = True
+        for rows in (1, CALIBRATION_ROWS):
+            best = min(time_rows(rows) for _ in range(3))
+            if best < 0:
+                return
+            self.observe(rows, best, CALIBRATION_WEIGHT)
+
+    def observe(self, rows: int, seconds: float, weight: float = 1.0) -> None:
         d = COST_DECAY
-        self._n = self._n * d + 1
-        self._x = self._x * d + rows
-        self._y = self._y * d + seconds
-        self._xx = self._xx * d + rows * rows
-        self._xy = self._xy * d + rows * seconds
+        self._n = self._n * d + weight
+        self._x = self._x * d + weight * rows
+        self._y = self._y * d + weight * seconds
+        self._xx = self._xx * d + weight * rows * rows
+        self._xy = self._xy * d + weight * rows * seconds
 
     def fit(self) -> tuple[float, float] | None:
         """``(fixed, per_row)`` in seconds, or None before steps of two sizes were timed."""

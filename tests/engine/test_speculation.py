@@ -13,6 +13,7 @@ from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.runtime import LlamaRuntime
 from tinyserve.engine.speculation import (
+    CALIBRATION_ROWS,
     COOLDOWN_TICKS,
     UNFITTED_BAR,
     Lookup,
@@ -58,6 +59,22 @@ def test_the_step_cost_is_fitted_from_steps_of_two_sizes() -> None:
     for rows in (1, 2, 4, 8):
         free.observe(rows, 0.010)  # rows cost nothing more: guessing always pays
     assert free.bar(8) < 1e-9
+
+
+def test_a_calibration_gives_the_slope_before_any_step_of_another_size() -> None:
+    cost = StepCost()
+    timed: list[int] = []
+
+    def time_rows(rows: int) -> float:
+        timed.append(rows)
+        return 0.009 + 0.005 * rows
+
+    cost.calibrate(time_rows)
+    assert cost.calibrated and timed == [1, 1, 1] + [CALIBRATION_ROWS] * 3
+    for _ in range(50):
+        cost.observe(1, 0.014)  # a lone sequence's steps: one size only
+    fitted = cost.fit()
+    assert fitted is not None and abs(fitted[1] - 0.005) < 0.0005
 
 
 def test_the_guess_length_follows_the_chance_of_holding_and_the_bar() -> None:
