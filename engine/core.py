@@ -121,7 +121,10 @@ class EngineCore:
         batch, make sense of its results, report."""
         scheduler = self.scheduler
         if self.embeddings:
-            scheduler.drafts.embedded(*self.embeddings.step())
+            ended, embed_batch = self.embeddings.step()
+            scheduler.drafts.embedded(ended, embed_batch)
+            if embed_batch is not None:
+                scheduler.other_work()
         plan = scheduler.schedule(self.clock())
         batch = None
         if plan:

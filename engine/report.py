@@ -73,7 +73,6 @@ class Batch:
     prefill_tokens: int
     decode_tokens: int
     decode_s: float  # llama_decode alone
-    run_s: float = 0.0  # the runner's whole work: writing the batch, decode, picking tokens
 
 
 @dataclass(frozen=True, slots=True)

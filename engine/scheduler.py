@@ -69,6 +69,7 @@ class Scheduler:
         self.recent = RecentTimelines(config.timeline_keep)
         self.drain = DrainRate(config.chunk, config.slots)
         self.step_cost = StepCost()  # what a guessed row costs (engine/speculation.py)
+        self._decode_only_since = 0  # the end of the last tick, when it decoded only
         self.draining = False
         self.tick = 0
         self._arrivals = 0
@@ -116,6 +117,11 @@ class Scheduler:
 
     def cancel(self, seq: Sequence, reason: str, detail: str, cause: Cause) -> None:
         self.finish(seq, reason, detail, cause)
+
+    def other_work(self) -> None:
+        """Work that is no decode step (an embedding batch) ran since the last tick: the
+        time to the next one says nothing of a step's cost."""
+        self._decode_only_since = 0
 
     # -- one tick: schedule ------------------------------------------------------------------
 
@@ -231,8 +237,12 @@ class Scheduler:
         """What the decode's results mean for each request in the batch."""
         self.tick += 1
         batch = outcome.batch
-        if outcome.status == 0 and batch.tokens and not batch.prefill_tokens:
-            self.step_cost.observe(batch.tokens, batch.run_s)
+        decode_only = outcome.status == 0 and batch.tokens > 0 and not batch.prefill_tokens
+        if decode_only and self._decode_only_since:
+            # From the end of the last tick to the end of this one: the engine's whole work
+            # for a step (its loop, the sends, the runner), what a guessed token saves.
+            self.step_cost.observe(batch.tokens, (now - self._decode_only_since) / 1e9)
+        self._decode_only_since = now if decode_only else 0
         if outcome.status != 0:  # the batch's KV state is undefined: fail just these requests
             log.error("llama_decode failed", extra=fields(status=outcome.status))
             for item in outcome.computed:

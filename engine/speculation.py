@@ -9,13 +9,13 @@ with speculation on or off. Sampled requests are not speculated on: their distri
 what their sampler chain gives, with no rule needed to keep it.
 
 Never slower, by measuring. A guessed row costs what one more row costs the step, and pays
-only when its token is taken. ``StepCost`` fits the runner's time for the engine's own
-decode steps (writing the batch, ``llama_decode``, picking the tokens) as
-``fixed + per_row * rows``; a step of ``B`` decoding sequences gives each a token for
-``(fixed + per_row * B) / B`` seconds, so a guessed row is worth its ``per_row`` when the
-chance that its token is taken is above ``per_row * B / (fixed + per_row * B)``. On a CPU,
-where a row costs nearly as much as the fixed part, that bar is low for one sequence and
-high for eight; on a GPU it is near zero. Each sequence estimates, from its own recent
+only when its token is taken. ``StepCost`` fits the time from one decode-only tick to the
+next (the engine's loop, its sends and the runner) as ``fixed + per_row * rows``; a step of
+``B`` decoding sequences gives each a token for ``(fixed + per_row * B) / B`` seconds, so a
+guessed row is worth its ``per_row`` when the chance that its token is taken is above
+``per_row * B / (fixed + per_row * B)``. On this project's 2-core CPU that bar is about 0.4
+for one sequence and 0.85 among eight; where a row costs little more than nothing (a GPU's
+small batches) it is near zero. Each sequence estimates, from its own recent
 guesses, the chance that a guessed token holds given the one before it did, and guesses as
 many tokens as keep the chance of reaching them above the bar (the j-th is reached with that
 chance to the power j). A sequence whose guesses do not pay stops guessing for
