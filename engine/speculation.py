@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 
 NGRAM_MAX = 3
 NGRAM_MIN = 2
-COOLDOWN_TICKS = 16
+COOLDOWN_TICKS = 8
 # How fast old evidence fades: a sequence's guesses and the engine's step times, per update.
-DECAY = 0.9
+DECAY = 0.7
 COST_DECAY = 0.995
 # The bar before the engine has timed steps of two sizes: one guessed token in two taken.
 UNFITTED_BAR = 0.5
