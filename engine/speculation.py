@@ -19,7 +19,9 @@ small batches) it is near zero. Each sequence estimates, from its own recent
 guesses, the chance that a guessed token holds given the one before it did, and guesses as
 many tokens as keep the chance of reaching them above the bar (the j-th is reached with that
 chance to the power j). A sequence whose guesses do not pay stops guessing for
-``COOLDOWN_TICKS`` ticks, then tries one token to learn again. The scheduler gives guesses
+``COOLDOWN_TICKS`` ticks, then tries one token to learn again; each pause that ends in no
+guess worth making doubles the next (up to ``MAX_PAUSE_TICKS``), so that probing costs next
+to nothing where text does not repeat. The scheduler gives guesses
 only the step's token budget left after every decode row and prefill chunk.
 """
 
@@ -31,7 +33,8 @@ from dataclasses import dataclass, field
 
 NGRAM_MAX = 3
 NGRAM_MIN = 2
-COOLDOWN_TICKS = 8
+COOLDOWN_TICKS = 8  # the first pause; each one that ends in a guess not worth it doubles
+MAX_PAUSE_TICKS = 256
 # How fast old evidence fades: a sequence's guesses and the engine's step times, per update.
 DECAY = 0.7
 COST_DECAY = 0.995
@@ -135,6 +138,7 @@ class Speculation:
     held: float = 2.0  # guessed tokens taken, decayed (a prior of two in three)
     failed: float = 1.0  # guesses cut short by a wrong token, decayed
     cooldown: int = 0  # ticks to go without guessing
+    pause: int = COOLDOWN_TICKS  # how long the next pause is
     probing: bool = False  # the cooldown is over: one token, whatever the bar
     guessed: int = 0  # totals, for the timeline
     accepted: int = 0
@@ -160,9 +164,15 @@ class Speculation:
             self.cooldown -= 1
             self.probing = self.cooldown == 0
             return []
-        k = 1 if self.probing else self.length(bar)
-        if k == 0:
-            self.cooldown = COOLDOWN_TICKS
+        k = self.length(bar)
+        if k:
+            self.pause = COOLDOWN_TICKS  # guessing pays again
+        elif self.probing:
+            k = 1  # the pause is over: one token, to learn whether guessing pays again
+        else:
+            # A probe costs a row too: among many sequences whose text does not repeat, the
+            # pauses grow until the probes cost next to nothing.
+            self.cooldown, self.pause = self.pause, min(self.pause * 2, MAX_PAUSE_TICKS)
             return []
         return self.lookup.guess(min(k, room)) if room > 0 else []
 

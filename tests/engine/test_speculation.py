@@ -100,8 +100,14 @@ def test_a_sequence_whose_guesses_do_not_pay_pauses_then_probes_one_token() -> N
         assert spec.guess(room=100, bar=0.0) == []
     assert len(spec.guess(room=100, bar=0.9)) == 1  # the probe, whatever the bar
     spec.took(1, 1)
-    assert spec.guess(room=100, bar=0.9) == []  # still not worth it: another pause
+    assert spec.guess(room=100, bar=0.9) == []  # still not worth it: another pause, twice as long
+    for _ in range(2 * COOLDOWN_TICKS):
+        assert spec.guess(room=100, bar=0.0) == []
+    assert len(spec.guess(room=100, bar=0.9)) == 1
     assert (spec.guessed, spec.accepted) == (1, 1)
+    spec.took(1, 1)
+    assert len(spec.guess(room=100, bar=0.0)) == 8  # worth it again: pauses start short again
+    assert spec.pause == COOLDOWN_TICKS
 
 
 REPEATING = [
