@@ -125,7 +125,9 @@ def test_a_failed_decode_ends_the_requests_in_its_batch_and_the_engine_goes_on(
     """llama_decode failing leaves the batch's KV undefined: the requests in it end with an
     error, their slots keep nothing, and one that was waiting runs as it would have."""
     expected = cold_tokens(runtime, OTHER, 4)
-    d = Driver(EngineCore(core_config(slots=2, prefix_cache=False), runtime))
+    # No speculation: its first guess times a decode of its own, which would be the second.
+    settings = {"slots": 2, "prefix_cache": False, "speculate": "off"}
+    d = Driver(EngineCore(core_config(**settings), runtime))
     real, calls = runtime.decode, {"n": 0}
 
     def decode() -> int:
