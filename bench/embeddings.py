@@ -24,14 +24,13 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from common import in_fresh_process, mean, percentile, prompt_of, start_node, write_csv
-from vs_llama_server import BUILD, Server, _healthy, llama_server_binary, model_id
+from vs_llama_server import Server, launch_llama_server, llama_server_binary, model_id
 
 SERVER_CTX = 512  # llama-server's cells per slot, and TinyServe's --embedding-max-tokens
 
@@ -76,29 +75,13 @@ def start_llama_server(model: Path, args: argparse.Namespace) -> Server:
     from tinyserve.engine.weights import repack_weights
 
     port = free_port()
-    log = open(BUILD / "llama-server-embeddings.log", "w")  # noqa: SIM115 (closed by stop)
-    argv = [
-        str(llama_server_binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-        "-t", str(args.threads), "-tb", str(args.threads), "--embeddings", "--pooling", "mean",
+    flags = [
+        "-m", str(model), "-t", str(args.threads), "-tb", str(args.threads),
+        "--embeddings", "--pooling", "mean",
         "-np", "4", "-c", str(4 * SERVER_CTX), "-b", str(SERVER_CTX), "-ub", str(SERVER_CTX),
         *([] if repack_weights("auto") else ["--no-repack"]),
     ]  # fmt: skip
-    env = {**os.environ, "LD_LIBRARY_PATH": str(Path(argv[0]).parent)}
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-
-    def stop() -> None:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
-
-    server = Server("llama-server", f"http://127.0.0.1:{port}", pid=proc.pid, stop=stop)
-    deadline = time.monotonic() + 180
-    while not _healthy(server.url):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop()
-            raise SystemExit(f"llama-server did not start; see {log.name}")
-        time.sleep(0.5)
-    return server
+    return launch_llama_server(port, flags, "llama-server-embeddings.log")
 
 
 def start_tinyserve(model: Path, args: argparse.Namespace) -> Server:

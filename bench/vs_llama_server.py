@@ -121,15 +121,21 @@ def start_llama_server(args: argparse.Namespace, model_path: Path) -> Server:
     from tinyserve.engine.weights import repack_weights
 
     port = free_port()
-    log = open(BUILD / "llama-server.log", "w")  # noqa: SIM115 (closed by stop)
-    argv = [
-        str(llama_server_binary()), "-m", str(model_path), "--host", "127.0.0.1",
-        "--port", str(port), "-t", str(args.threads), "-tb", str(args.threads),
+    flags = [
+        "-m", str(model_path), "-t", str(args.threads), "-tb", str(args.threads),
         "-c", str(args.slots * args.ctx_per_slot), "-np", str(args.slots),
         "-b", "512", "-ub", "512",
         *([] if repack_weights("auto") else ["--no-repack"]),  # weights loaded as ours are
         *args.llama_server_flag,
     ]  # fmt: skip
+    return launch_llama_server(port, flags, "llama-server.log")
+
+
+def launch_llama_server(port: int, flags: list[str], log_name: str) -> Server:
+    """llama-server on 127.0.0.1:``port`` with ``flags``, its output in ``BUILD/log_name``;
+    returns once it answers ``/health`` (exits the script if it never does)."""
+    log = open(BUILD / log_name, "w")  # noqa: SIM115 (closed by stop)
+    argv = [str(llama_server_binary()), "--host", "127.0.0.1", "--port", str(port), *flags]
     env = {**os.environ, "LD_LIBRARY_PATH": str(Path(argv[0]).parent)}
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
