@@ -140,7 +140,7 @@ class Speculation:
     cooldown: int = 0  # ticks to go without guessing
     pause: int = COOLDOWN_TICKS  # how long the next pause is
     probing: bool = False  # the cooldown is over: one token, whatever the bar
-    guessed: int = 0  # totals, for the timeline
+    guessed: int = 0  # totals of what took() heard (the timeline keeps each step)
     accepted: int = 0
 
     @property
