@@ -10,6 +10,11 @@ Workloads, each a closed loop of ``--concurrency`` clients sending greedy chat r
 - ``json``: a JSON record, then "return it unchanged" (fields echoed);
 - ``story``: a story to continue (text that does not repeat its input).
 
+``--temperature T`` makes them sampled requests (each with a seed of its own), where a guess
+holds with the chance the sampler gives it. ``--draft-model PATH`` adds the node guessing with
+that model (``--speculate draft``), and gives llama-server the same draft (``-md``) instead
+of its n-gram speculation.
+
 Figures per server and load: output tokens per second (all clients), TTFT p50, and the ratio
 against the node without speculation; from the speculating node's ``/metrics``, the share of
 guessed tokens accepted. Writes ``bench/results/speculation.csv``.
@@ -72,18 +77,25 @@ PROMPTS = {
 }
 
 
-def closed(workload: str, concurrency: int, per_client: int, max_tokens: int) -> Run:
+def closed(
+    workload: str, concurrency: int, per_client: int, max_tokens: int, temperature: float = 0.0
+) -> Run:
     prompt = PROMPTS[workload]
 
     async def run(session: aiohttp.ClientSession, server: Server) -> list[Sample]:
-        async def client() -> list[Sample]:
-            body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
-            return [
-                await stream_openai(session, server, "/v1/chat/completions", body)
-                for _ in range(per_client)
-            ]
+        async def client(index: int) -> list[Sample]:
+            samples = []
+            for i in range(per_client):
+                body: dict[str, Any] = {
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": max_tokens,
+                }
+                if temperature > 0:
+                    body.update(temperature=temperature, seed=index * per_client + i)
+                samples.append(await stream_openai(session, server, "/v1/chat/completions", body))
+            return samples
 
-        done = await asyncio.gather(*(client() for _ in range(concurrency)))
+        done = await asyncio.gather(*(client(i) for i in range(concurrency)))
         return [s for samples in done for s in samples]
 
     return run
@@ -113,6 +125,8 @@ def main() -> None:
     parser.add_argument("--frontends", type=int, default=1)
     parser.add_argument("--no-llama-server", action="store_true")
     parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--draft-model", type=Path, default=None)
     args = parser.parse_args()
     args.slo_ttft_ms, args.slo_tpot_ms = 2000.0, 100.0  # what ``figures`` reads
 
@@ -124,10 +138,16 @@ def main() -> None:
     args.tinyserve_flag = ["--speculate", "ngram"]
     on = start_tinyserve(args, model_path, name="tinyserve-ngram")
     servers = [off, on]
+    if args.draft_model:
+        args.tinyserve_flag = ["--draft-model", str(args.draft_model)]
+        servers.append(start_tinyserve(args, model_path, name="tinyserve-draft"))
     if not args.no_llama_server:
-        args.llama_server_flag = ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8"]
+        if args.draft_model:
+            args.llama_server_flag = ["-md", str(args.draft_model), "--spec-draft-n-max", "8"]
+        else:
+            args.llama_server_flag = ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8"]
         llama = start_llama_server(args, model_path)
-        llama.name = "llama-server-ngram"
+        llama.name = "llama-server-draft" if args.draft_model else "llama-server-ngram"
         servers.append(llama)
     rows: list[dict[str, Any]] = []
     try:
@@ -135,9 +155,12 @@ def main() -> None:
             asyncio.run(measure(server, closed("story", 1, 1, 32), args))
         for workload in args.workloads.split(","):
             for concurrency in (int(c) for c in args.concurrency.split(",")):
-                run = closed(workload, concurrency, args.per_client, args.max_tokens)
+                run = closed(
+                    workload, concurrency, args.per_client, args.max_tokens, args.temperature
+                )
                 got: dict[str, list[float]] = {s.name: [] for s in servers}
-                before = counters(on.url)
+                guessing = [x for x in servers if x.name.startswith("tinyserve-") and x is not off]
+                before = {x.name: counters(x.url) for x in guessing}
                 for r in range(args.rounds):
                     order = servers if r % 2 == 0 else servers[::-1]
                     for server in order:
@@ -147,20 +170,22 @@ def main() -> None:
                             {"workload": workload, "concurrency": concurrency, "round": r + 1,
                              "server": server.name, **figures}
                         )  # fmt: skip
-                after = counters(on.url)
-                guessed = after.get("tinyserve_speculative_guessed_tokens_total", 0) - before.get(
-                    "tinyserve_speculative_guessed_tokens_total", 0
-                )
-                accepted = after.get("tinyserve_speculative_accepted_tokens_total", 0) - before.get(
-                    "tinyserve_speculative_accepted_tokens_total", 0
-                )
+                shares = []
+                for x in guessing:
+                    after = counters(x.url)
+                    guessed, accepted = (
+                        after.get(f"tinyserve_speculative_{what}_tokens_total", 0)
+                        - before[x.name].get(f"tinyserve_speculative_{what}_tokens_total", 0)
+                        for what in ("guessed", "accepted")
+                    )
+                    share = accepted / guessed if guessed else 0.0
+                    shares.append(f"{x.name}: {share:.2f} of {guessed:.0f} guessed taken")
                 base = statistics.median(got[off.name])
                 line = [f"{workload:8s} c={concurrency:<3d}"]
                 for server in servers:
                     tok_s = statistics.median(got[server.name])
                     line.append(f"{server.name} {tok_s:7.1f} tok/s ({tok_s / base:4.2f}x)")
-                share = accepted / guessed if guessed else 0.0
-                print("  ".join(line) + f"  accepted {share:.2f} of {guessed:.0f} guessed")
+                print("  ".join(line + shares))
     finally:
         for server in servers:
             server.stop()

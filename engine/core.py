@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tinyserve.config import Config
+from tinyserve.engine.draft_model import DraftModel
 from tinyserve.engine.embedder import Embeddings, EmbedSpec
 from tinyserve.engine.host_cache import CacheStats
 from tinyserve.engine.kv_space import KvSpace
@@ -34,14 +35,23 @@ class EngineCore:
     """One engine's scheduler, runner and KV space. Single-threaded: the engine loop's."""
 
     def __init__(
-        self, config: Config, runtime: LlamaRuntime, clock: Callable[[], int] = time.monotonic_ns
+        self,
+        config: Config,
+        runtime: LlamaRuntime,
+        clock: Callable[[], int] = time.monotonic_ns,
+        draft: LlamaRuntime | None = None,
     ) -> None:
+        """``draft``: the draft model's runtime (``--draft-model``), whose guesses then
+        replace prompt lookup's."""
         runtime.clear()  # all KV state must be ours: the accounting starts from empty
         self.clock = clock
         self.runtime = runtime
         self.kv = KvSpace(config, runtime)
         self.runner = Runner(runtime)
-        self.scheduler = Scheduler(config, self.kv, self.runner, runtime.n_ctx_seq, clock)
+        draft_model = DraftModel(draft, runtime) if draft is not None else None
+        self.scheduler = Scheduler(
+            config, self.kv, self.runner, runtime.n_ctx_seq, clock, draft_model
+        )
         spec = EmbedSpec.from_config(config)
         self.embeddings = Embeddings(spec, runtime.model, runtime.n_vocab, config.max_queue)
 
@@ -124,7 +134,7 @@ class EngineCore:
             ended, embed_batch = self.embeddings.step()
             scheduler.drafts.embedded(ended, embed_batch)
             if embed_batch is not None:
-                scheduler.other_work()
+                scheduler.guessing.other_work()
         plan = scheduler.schedule(self.clock())
         batch = None
         if plan:

@@ -14,9 +14,14 @@ waiting one is never granted a slot; a running one keeps the tokens it already s
 from __future__ import annotations
 
 from tinyserve.engine.heap_policy import HeapPolicy
-from tinyserve.engine.report import RULE_DEADLINE
-from tinyserve.engine.sequence import Sequence
-from tinyserve.protocol import Submit
+from tinyserve.engine.report import RULE_DEADLINE, Cause
+from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.protocol import (
+    FINISH_DEADLINE_MISSED,
+    FINISH_QUEUE_TIMEOUT,
+    FINISH_TIMEOUT,
+    Submit,
+)
 
 _NS_PER_MS = 1_000_000
 
@@ -26,6 +31,21 @@ def due_ns(request: Submit) -> int | None:
     if not request.deadline_ms:
         return None
     return request.arrival_ns + request.deadline_ms * _NS_PER_MS
+
+
+def overdue(seq: Sequence, now: int, queue_s: float, total_s: float) -> tuple[str, Cause] | None:
+    """How ``seq`` ends at ``now`` if it is overdue: its deadline passed, or it waited
+    longer than ``queue_s`` (``--queue-timeout``) or ran longer than ``total_s``
+    (``--request-timeout``; 0: no such limit). None while it is not."""
+    age = now - seq.request.arrival_ns
+    due = due_ns(seq.request)
+    if due is not None and now > due:
+        return FINISH_DEADLINE_MISSED, Cause.DEADLINE
+    if queue_s and seq.status is Status.WAITING and age > queue_s * 1e9:
+        return FINISH_QUEUE_TIMEOUT, Cause.QUEUE_TIMEOUT
+    if total_s and age > total_s * 1e9:
+        return FINISH_TIMEOUT, Cause.REQUEST_TIMEOUT
+    return None
 
 
 class DeadlinePolicy(HeapPolicy):

@@ -21,7 +21,7 @@ from typing import Any
 from tinyserve.engine.report import Load, TickReport
 from tinyserve.engine.sequence import Sequence, Status
 from tinyserve.engine.timeline import Timeline
-from tinyserve.protocol import FeedUpdate
+from tinyserve.feed_protocol import FeedUpdate
 
 INTERVAL_NS = 100_000_000  # at most 10 updates a second
 IDLE_INTERVAL_NS = 1_000_000_000  # an idle engine still says so once a second

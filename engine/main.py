@@ -7,10 +7,11 @@ import os
 import signal
 
 from tinyserve import metrics
-from tinyserve.config import ENGINE, Config
+from tinyserve.config import Config
 from tinyserve.engine.proc import EngineProcess
 from tinyserve.errors import TinyServeError
 from tinyserve.logs import setup_logging
+from tinyserve.options import ENGINE
 from tinyserve.ownership import join_node
 from tinyserve.rundir import prepare_runtime_dir
 

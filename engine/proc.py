@@ -30,16 +30,15 @@ from tinyserve.engine.meters import EngineMeter
 from tinyserve.engine.report import TickReport
 from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
 from tinyserve.engine.spans import SpanRecorder
+from tinyserve.feed_protocol import FEED_TOPIC, FeedLease
 from tinyserve.logs import RateLimitedLog, fields
 from tinyserve.model import model_name
 from tinyserve.procs import pid_alive
 from tinyserve.protocol import (
-    FEED_TOPIC,
     STATE_DRAINING,
     STATE_READY,
     Cancel,
     Embed,
-    FeedLease,
     Hello,
     HelloAck,
     Message,
@@ -81,7 +80,12 @@ class EngineProcess:
         self.runtime = LlamaRuntime(RuntimeSpec.from_config(config))
         # OpenTelemetry spans of finished requests; None: tracing off
         self.spans = SpanRecorder(self.tracing) if self.tracing.tracer else None
-        self.core = EngineCore(config, self.runtime)
+        self.draft = (
+            LlamaRuntime(RuntimeSpec.from_config(config, config.draft_model))
+            if config.speculate == "draft"
+            else None
+        )
+        self.core = EngineCore(config, self.runtime, draft=self.draft)
         self.kept = KeptCache.open(config, self.runtime, self.core.kv)  # --cache-dir
         if self.kept is not None:
             self.kept.load()
@@ -147,6 +151,8 @@ class EngineProcess:
         self.board.unlink()
         self.core.embeddings.close()  # before the weights it may share
         self.runtime.close()
+        if self.draft is not None:
+            self.draft.close()
         self.tracing.shutdown()
 
     # -- the loop ----------------------------------------------------------------------------

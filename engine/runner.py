@@ -169,19 +169,27 @@ class Runner:
                 item.error = exc
 
     def _verify(self, item: Computed) -> None:
-        """The model's pick after the last token and after each guessed one, as long as the
-        guess agrees: a guessed token is confirmed when it is what the model picked there."""
+        """The sequence's pick after its last token and after each guessed one, for as long as
+        the guess agrees: a guessed token is confirmed when it is what the sequence's sampler
+        picked there. Each row is sampled as it would be without guesses (the same chain, its
+        random stream drawn once per token taken, grammar and penalties told each token in
+        turn), so the reply is the one the request gives without speculation."""
         seq, guess, first = item.row.seq, item.row.guess, item.logits_row
-        picks = self.runtime.argmax(list(range(first, first + len(guess) + 1)))
         sampler = self.samplers[seq.slot]
-        for i, token in enumerate(picks):
-            sampler.took(token)
-            sampled = self._sampled(seq, first + i, token)
+        rows = list(range(first, first + len(guess) + 1))
+        # plain greedy stays so to the end: the pick of every row at once
+        picks = self.runtime.argmax(rows) if sampler.greedy else None
+        for i, row in enumerate(rows):
+            if picks is None:
+                sampled = self.sample(seq, row)
+            else:
+                sampler.took(picks[i])
+                sampled = self._sampled(seq, row, picks[i])
             if i == 0:
                 item.sampled = sampled
             else:
                 item.confirmed.append(sampled)
-            if i == len(guess) or token != guess[i] or sampled.end:
+            if i == len(guess) or sampled.token != guess[i] or sampled.end:
                 return
 
     def _greedy_tokens(self, written: list[Computed]) -> dict[int, int]:

@@ -17,11 +17,12 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from tinyserve.config import DEFAULT_CTX_PER_SLOT, Config
+from tinyserve.config import Config
 from tinyserve.engine.sampler import Sampler, Vocab
 from tinyserve.engine.weights import GpuSpec, check_gpu, load_model, repack_weights
 from tinyserve.errors import EngineFatalError, RequestError
 from tinyserve.model import resolve_model_path
+from tinyserve.options import DEFAULT_CTX_PER_SLOT
 from tinyserve.protocol import SamplingParams
 from tinyserve_native.batch_builder import BatchBuilder
 
@@ -48,9 +49,11 @@ class RuntimeSpec:
     gpu: GpuSpec = field(default_factory=GpuSpec)
 
     @classmethod
-    def from_config(cls, config: Config) -> RuntimeSpec:
+    def from_config(cls, config: Config, model: str | None = None) -> RuntimeSpec:
+        """The served model's spec, or with ``model`` another's (a draft model) on the same
+        slots, cells per slot, batch and threads."""
         return cls(
-            resolve_model_path(config.model),
+            resolve_model_path(model or config.model),
             config.slots,
             config.ctx_per_slot,
             config.max_batch_tokens,
@@ -177,6 +180,27 @@ class LlamaRuntime:
                 "or --ctx-per-slot"
             )
         return ctx
+
+    def vocab_mismatch(self, other: LlamaRuntime) -> str:
+        """Why ``other``'s tokens do not mean this model's, or "": llama.cpp's rule for a
+        draft model (``common_speculative_are_compatible``)."""
+        mine, theirs = self._vocab, other._vocab
+        for what, get in (
+            ("vocabulary type", llama_cpp.llama_vocab_type),
+            ("adds a beginning token", llama_cpp.llama_vocab_get_add_bos),
+            ("beginning token", llama_cpp.llama_vocab_bos),
+            ("adds an end token", llama_cpp.llama_vocab_get_add_eos),
+            ("end token", llama_cpp.llama_vocab_eos),
+        ):
+            if get(mine) != get(theirs):
+                return f"its {what} is {get(theirs)}, the served model's {get(mine)}"
+        if abs(self.n_vocab - other.n_vocab) > 128:
+            return f"it has {other.n_vocab} tokens, the served model {self.n_vocab}"
+        for token in range(5, min(self.n_vocab, other.n_vocab)):
+            text = (llama_cpp.llama_vocab_get_text(v, token) for v in (theirs, mine))
+            if len(set(text)) > 1:
+                return f"its token {token} is not the served model's token {token}"
+        return ""
 
     def decode(self) -> int:
         """Run the rows written into ``self.batch``; returns llama_decode's status code."""

@@ -19,26 +19,24 @@ from contextlib import contextmanager
 from tinyserve import capacity
 from tinyserve.config import Config
 from tinyserve.engine import forks, prompt_logprobs
-from tinyserve.engine.deadline import due_ns
+from tinyserve.engine.deadline import overdue
+from tinyserve.engine.draft_model import DraftModel
 from tinyserve.engine.drafts import TickDrafts
 from tinyserve.engine.drain import DrainRate
+from tinyserve.engine.guessing import Guessing
 from tinyserve.engine.kv_space import KvSpace
 from tinyserve.engine.policies import Policy, make_policy
 from tinyserve.engine.report import Cause, Ended, Grant, Rejected
 from tinyserve.engine.runner import Computed, Outcome, Row, Runner, Sampled
 from tinyserve.engine.sequence import Sequence, Status
-from tinyserve.engine.speculation import CALIBRATION_ROWS, Speculation, StepCost
 from tinyserve.engine.timeline import RecentTimelines, Timeline
 from tinyserve.errors import EngineFatalError, RequestError
 from tinyserve.logs import fields
 from tinyserve.protocol import (
-    FINISH_DEADLINE_MISSED,
     FINISH_ERROR,
     FINISH_LENGTH,
-    FINISH_QUEUE_TIMEOUT,
     FINISH_REJECTED,
     FINISH_STOP,
-    FINISH_TIMEOUT,
     REJECT_DRAINING,
     REJECT_QUEUE_FULL,
     REJECT_TOO_LONG,
@@ -52,7 +50,13 @@ class Scheduler:
     """All scheduling state of one engine. Single-threaded: only the engine loop calls it."""
 
     def __init__(
-        self, config: Config, kv: KvSpace, runner: Runner, n_ctx: int, clock: Callable[[], int]
+        self,
+        config: Config,
+        kv: KvSpace,
+        runner: Runner,
+        n_ctx: int,
+        clock: Callable[[], int],
+        draft_model: DraftModel | None = None,
     ) -> None:
         self.config = config
         self.kv = kv
@@ -68,8 +72,9 @@ class Scheduler:
         self.drafts = TickDrafts()
         self.recent = RecentTimelines(config.timeline_keep)
         self.drain = DrainRate(config.chunk, config.slots)
-        self.step_cost = StepCost()  # what a guessed row costs (engine/speculation.py)
-        self._decode_only_since = 0  # the end of the last tick, when it decoded only
+        self.guessing = Guessing(
+            config.speculate, config.speculate_tokens, n_ctx, runner.time_rows, draft_model
+        )
         self.draining = False
         self.tick = 0
         self._arrivals = 0
@@ -118,11 +123,6 @@ class Scheduler:
     def cancel(self, seq: Sequence, reason: str, detail: str, cause: Cause) -> None:
         self.finish(seq, reason, detail, cause)
 
-    def other_work(self) -> None:
-        """Work that is no decode step (an embedding batch) ran since the last tick: the
-        time to the next one says nothing of a step's cost."""
-        self._decode_only_since = 0
-
     # -- one tick: schedule ------------------------------------------------------------------
 
     def schedule(self, now: int) -> list[Row]:
@@ -133,17 +133,11 @@ class Scheduler:
         return self._plan()
 
     def _expire(self, now: int) -> None:
-        queue_ns = int(self.config.queue_timeout * 1e9)
-        total_ns = int(self.config.request_timeout * 1e9)
+        queue_s, total_s = self.config.queue_timeout, self.config.request_timeout
         for seq in list(self.by_id.values()):
-            age = now - seq.request.arrival_ns
-            due = due_ns(seq.request)
-            if due is not None and now > due:
-                self.finish(seq, FINISH_DEADLINE_MISSED, cause=Cause.DEADLINE)
-            elif queue_ns and seq.status is Status.WAITING and age > queue_ns:
-                self.finish(seq, FINISH_QUEUE_TIMEOUT, cause=Cause.QUEUE_TIMEOUT)
-            elif total_ns and age > total_ns:
-                self.finish(seq, FINISH_TIMEOUT, cause=Cause.REQUEST_TIMEOUT)
+            due = overdue(seq, now, queue_s, total_s)
+            if due is not None:
+                self.finish(seq, due[0], cause=due[1])
 
     def _admit(self, now: int) -> None:
         """Give free slots to waiting requests, in the order the policy chooses."""
@@ -172,24 +166,7 @@ class Scheduler:
         self.drafts.granted(Grant(seq.request_id, kind, request.tenant, request.priority, wait_s))
         self.runner.start(seq)
         forks.on_grant(seq, self.kv.runtime)
-        if log.isEnabledFor(logging.DEBUG):
-            self._log_grant(seq, rule)
-
-    def _log_grant(self, seq: Sequence, rule: str) -> None:
-        assert seq.timeline.slot is not None
-        log.debug(
-            "slot granted",
-            extra=fields(
-                request_id=seq.request_id,
-                slot=seq.slot,
-                policy=self.policy.name,
-                rule=rule,
-                ahead=seq.timeline.slot.ahead,
-                waited_ms=seq.timeline.wait_ms(),
-                waiting=len(self.policy),
-                reused=seq.n_past,
-            ),
-        )
+        seq.timeline.log_grant(waiting=len(self.policy))
 
     def _plan(self) -> list[Row]:
         """Every decoding sequence's token first, then prefill chunks within the token budget
@@ -208,28 +185,11 @@ class Scheduler:
             last = seq.n_past + n == seq.prompt_len
             plan.append(Row(seq, n, last and seq.request.max_tokens > 0))
             used += n
-        bar = self.step_cost.bar(len(decoding))
+        guesses = self.guessing.guesses(decoding, budget - used)
         for seq in decoding:
-            guess = self._guess(seq, budget - used, bar)
+            guess = guesses.get(seq.slot, ())
             plan.append(Row(seq, 1 + len(guess), True, guess))
-            used += len(guess)
         return sorted(plan, key=lambda row: row.seq.slot)
-
-    def _guess(self, seq: Sequence, spare: int, bar: float) -> tuple[int, ...]:
-        """``seq``'s guessed next tokens for this tick (engine/speculation.py): only while its
-        next token is plain greedy, as many as pay at ``bar``, within ``spare`` rows of the
-        budget, its slot's cells and its ``max_tokens``."""
-        spec = seq.spec
-        if spec is None or not self.runner.samplers[seq.slot].greedy:
-            return ()
-        if not self.step_cost.calibrated and seq.n_past + CALIBRATION_ROWS < self.n_ctx:
-            self.step_cost.calibrate(lambda rows: self.runner.time_rows(seq, rows))
-        room = min(
-            spare,
-            self.n_ctx - seq.n_past - 2,  # its last token's cell, then one per guessed token
-            seq.request.max_tokens - seq.generated - 1,
-        )
-        return tuple(spec.guess(room, bar))
 
     # -- one tick: after the decode ----------------------------------------------------------
 
@@ -238,11 +198,7 @@ class Scheduler:
         self.tick += 1
         batch = outcome.batch
         decode_only = outcome.status == 0 and batch.tokens > 0 and not batch.prefill_tokens
-        if decode_only and self._decode_only_since:
-            # From the end of the last tick to the end of this one: the engine's whole work
-            # for a step (its loop, the sends, the runner), what a guessed token saves.
-            self.step_cost.observe(batch.tokens, (now - self._decode_only_since) / 1e9)
-        self._decode_only_since = now if decode_only else 0
+        self.guessing.tick_ended(decode_only, batch.tokens, now)
         if outcome.status != 0:  # the batch's KV state is undefined: fail just these requests
             log.error("llama_decode failed", extra=fields(status=outcome.status))
             for item in outcome.computed:
@@ -278,7 +234,7 @@ class Scheduler:
             seq.status = Status.DECODE
             seq.timeline.first_token(now)
             self._fork(seq, item.logits_row, now)
-            self._start_guessing(seq)
+            self.guessing.start(seq)
         self._take(seq, item.sampled)
 
     def _take_guessed(self, item: Computed, batch_size: int, now: int) -> None:
@@ -298,17 +254,6 @@ class Scheduler:
             self._take(seq, sampled)
             if seq.status is Status.FINISHED:
                 return
-
-    def _start_guessing(self, seq: Sequence) -> None:
-        """A greedy request that starts decoding starts guessing (unless ``--speculate off``
-        or it asked for logprobs, which a guessed row does not compute)."""
-        sampling = seq.request.sampling
-        if self.config.speculate == "off" or sampling.logprobs >= 0:
-            return
-        if not self.runner.samplers[seq.slot].greedy:
-            return
-        seq.spec = Speculation(self.config.speculate_tokens)
-        seq.spec.lookup.extend(seq.request.prompt_ids)
 
     def _fork(self, leader: Sequence, logits_row: int, now: int) -> None:
         """``leader``'s prompt is in: the choices waiting on it copy it and sample its row."""

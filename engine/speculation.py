@@ -1,12 +1,15 @@
-"""Prompt-lookup speculation: a greedy sequence's next tokens guessed from its own text.
+"""Prompt-lookup speculation: a sequence's next tokens guessed from its own text.
 
 A sequence whose last few tokens (an n-gram, ``NGRAM_MAX`` down to ``NGRAM_MIN`` long) occurred
 earlier in its prompt or output guesses that what followed them then follows now (vLLM's
 ``ngram`` speculator, llama.cpp's lookup decoding). The guesses ride as extra rows of the
-sequence in the tick's one ``llama_decode``; the runner checks them against the model's own
-picks, and the longest agreeing run is taken, so a greedy reply is the same token for token
-with speculation on or off. Sampled requests are not speculated on: their distribution stays
-what their sampler chain gives, with no rule needed to keep it.
+sequence in the tick's one ``llama_decode``; the runner samples those rows in order with the
+request's own sampler, and a guessed token is taken when the sampler picks it there. A guess
+is one token, not a distribution, so this is the standard accept/reject rule for such a
+draft: the guess ``g`` holds with the chance ``p(g)`` the sampler gives it, and otherwise the
+token comes from ``p`` without ``g``. Because the sampler draws from its random stream once per
+token taken, as it would without guesses, the rule here is that one draw's: a reply is the
+same token for token with speculation on or off, greedy or sampled, for the same seed.
 
 Never slower, by measuring. A guessed row costs what one more row costs the step, and pays
 only when its token is taken. ``StepCost`` fits the time from one decode-only tick to the
@@ -158,12 +161,16 @@ class Speculation:
         return min(self.max_k, math.floor(math.log(bar) / math.log(q)))
 
     def guess(self, room: int, bar: float) -> list[int]:
-        """This tick's guess, at most ``room`` tokens: none while cooling down or when no
-        guess would pay (which starts a cooldown)."""
+        """This tick's guess from the lookup, at most ``room`` tokens (``wanted``)."""
+        return self.lookup.guess(self.wanted(room, bar))
+
+    def wanted(self, room: int, bar: float) -> int:
+        """How many tokens to guess this tick, at most ``room``: none while cooling down or
+        when no guess would pay (which starts a cooldown)."""
         if self.cooldown:
             self.cooldown -= 1
             self.probing = self.cooldown == 0
-            return []
+            return 0
         k = self.length(bar)
         if k:
             self.pause = COOLDOWN_TICKS  # guessing pays again
@@ -173,8 +180,8 @@ class Speculation:
             # A probe costs a row too: among many sequences whose text does not repeat, the
             # pauses grow until the probes cost next to nothing.
             self.cooldown, self.pause = self.pause, min(self.pause * 2, MAX_PAUSE_TICKS)
-            return []
-        return self.lookup.guess(min(k, room)) if room > 0 else []
+            return 0
+        return max(0, min(k, room))
 
     def took(self, guessed: int, accepted: int) -> None:
         """``accepted`` of the ``guessed`` tokens agreed with the model."""

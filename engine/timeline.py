@@ -12,9 +12,11 @@ arrival; every interval is measured from the end of the request's previous step,
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from typing import Any
 
+from tinyserve.logs import fields
 from tinyserve.protocol import Submit
 from tinyserve.timeline_records import (
     Accepted,
@@ -30,6 +32,8 @@ from tinyserve.timeline_records import (
     decode_wire,
     ms,
 )
+
+log = logging.getLogger(__name__)
 
 
 class Timeline:
@@ -90,6 +94,23 @@ class Timeline:
         """A slot was granted; ``grants`` counts slot grants so far (this one not included)."""
         self.slot = SlotGrant(tick, now, slot, rule, grants - self.grants_at_accept)
         self._last_ns = now
+
+    def log_grant(self, waiting: int) -> None:
+        """The grant as a debug line, with the ``waiting`` requests it left in the queue."""
+        if self.slot is not None and log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "slot granted",
+                extra=fields(
+                    request_id=self.request.request_id,
+                    slot=self.slot.slot_index,
+                    policy=self.policy,
+                    rule=self.slot.rule,
+                    ahead=self.slot.ahead,
+                    waited_ms=self.wait_ms(),
+                    waiting=waiting,
+                    reused=self.prefix_tokens,
+                ),
+            )
 
     def prefill_chunk(self, tick: int, tokens: int, now: int, decode_ns: int) -> None:
         self.chunks.append(PrefillChunk(tick, tokens, now, now - self._last_ns, decode_ns))

@@ -15,11 +15,12 @@ import signal
 from aiohttp import web
 
 from tinyserve import metrics
-from tinyserve.config import FRONTEND, Config, notify_socket, watchdog_interval_s
+from tinyserve.config import Config, notify_socket, watchdog_interval_s
 from tinyserve.errors import TinyServeError
 from tinyserve.frontend.http.app import build_app, drain_app
 from tinyserve.frontend.request.state import LINK
 from tinyserve.logs import fields, setup_logging
+from tinyserve.options import FRONTEND
 from tinyserve.ownership import join_node
 from tinyserve.rundir import prepare_runtime_dir
 from tinyserve.sdnotify import Notifier

@@ -367,6 +367,13 @@ def hf_render(template: str, **context: Any) -> str:
 def model_with_template(template: str, directory: Path, name: str) -> Path:
     """A copy of the default model at ``directory/name.gguf`` whose chat template is
     ``template`` (every other key and the weights as they are)."""
+    details = MetadataDetails(gguf.GGUFValueType.STRING, template)
+    return model_with_metadata({gguf.Keys.Tokenizer.CHAT_TEMPLATE: details}, directory, name)
+
+
+def model_with_metadata(new: dict[str, MetadataDetails], directory: Path, name: str) -> Path:
+    """A copy of the default model at ``directory/name.gguf`` with the metadata keys ``new``
+    written over (every other key and the weights as they are)."""
     path = directory / f"{name}.gguf"
     reader = gguf.GGUFReader(default_model_path(), "r")
     architecture = reader.get_field(gguf.Keys.General.ARCHITECTURE)
@@ -375,6 +382,5 @@ def model_with_template(template: str, directory: Path, name: str) -> Path:
     alignment = reader.get_field(gguf.Keys.General.ALIGNMENT)
     if alignment is not None:
         writer.data_alignment = alignment.contents()
-    new = {gguf.Keys.Tokenizer.CHAT_TEMPLATE: MetadataDetails(gguf.GGUFValueType.STRING, template)}
     copy_with_new_metadata(reader, writer, new, [])
     return path

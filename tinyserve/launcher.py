@@ -30,10 +30,11 @@ import sys
 import time
 from types import FrameType
 
-from tinyserve.config import ENGINE, FRONTEND, Config, notify_socket
+from tinyserve.config import Config, notify_socket
 from tinyserve.errors import TinyServeError
 from tinyserve.logs import setup_logging
 from tinyserve.metrics import remove_metrics_dir
+from tinyserve.options import ENGINE, FRONTEND
 from tinyserve.ownership import claim_node
 from tinyserve.rundir import prepare_runtime_dir
 from tinyserve.sdnotify import Notifier

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import os
 
-from tinyserve.config import ENGINE, Config
+from tinyserve.config import Config
 from tinyserve.errors import TinyServeError
+from tinyserve.options import ENGINE
 from tinyserve.procs import describe, parent_pid, pid_alive, port_in_use, port_listeners
 from tinyserve.rundir import NodeLock, lock_holders
 

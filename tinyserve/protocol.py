@@ -4,7 +4,7 @@ Frontend -> engine (PUSH/PULL): ``Hello``, ``Submit``, ``Embed``, ``Cancel``,
 ``TimelineQuery``, ``FeedLease``.
 Engine -> frontend (PUB/SUB, topic = frontend id): ``HelloAck``, ``TickOutput``, ``Embedded``,
 ``TimelineReply``; on the topic ``FEED_TOPIC``, to every frontend that subscribed to it,
-``FeedUpdate``.
+``FeedUpdate`` (``feed_protocol.py``).
 
 A frame is ``msgpack([PROTOCOL_VERSION, tag, *fields])``; nested messages are lists of their
 fields in declaration order. A frame with another version or an unknown tag raises
@@ -13,15 +13,17 @@ fields in declaration order. A frame with another version or an unknown tag rais
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import types
-import typing
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import msgpack
+
+from tinyserve.feed_protocol import FeedLease, FeedUpdate
+
+# Re-exported: every receiver catches ``protocol.ProtocolError`` from ``decode``.
+from tinyserve.wire import Message as Message
+from tinyserve.wire import ProtocolError as ProtocolError
 
 # 2: no TickOutput.stats, Submit.want_timeline or events (accepted)
 # 3: FeedLease and FeedUpdate (the dashboard's event feed, GET /v1/events)
@@ -52,131 +54,6 @@ TENANT_TEXT = "1 to 64 characters of A-Z, a-z, 0-9, '.', '_', '-'"
 STATE_STARTING = 0
 STATE_READY = 1
 STATE_DRAINING = 2
-
-
-class ProtocolError(ValueError):
-    """A frame that does not decode into a known message of this protocol version."""
-
-
-M = TypeVar("M", bound="Message")
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """Base of all messages: ``TAG`` identifies the type on the wire; ``NESTED`` names fields
-    that hold other messages (a class, or a one-element list for a list of them)."""
-
-    TAG: ClassVar[int] = 0
-    NESTED: ClassVar[dict[str, Any]] = {}
-
-    def to_wire(self) -> list[Any]:
-        return [_encode_field(getattr(self, name)) for name in _names(type(self))]
-
-    @classmethod
-    def from_wire(cls: type[M], items: list[Any]) -> M:
-        names = _names(cls)
-        # Fewer items than fields is fine when the missing ones have defaults: a field added
-        # at the end with a default keeps frames of a sender without it decodable.
-        if not isinstance(items, list) or len(items) > len(names):
-            raise ProtocolError(f"{cls.__name__}: expected {len(names)} fields")
-        values = {}
-        for name, raw in zip(names, items, strict=False):
-            nested = cls.NESTED.get(name)
-            if nested is None:
-                values[name] = raw
-            elif isinstance(nested, list):
-                if not isinstance(raw, list):
-                    raise ProtocolError(f"{cls.__name__}.{name}: expected a list")
-                values[name] = [nested[0].from_wire(x) for x in raw]
-            else:
-                values[name] = nested.from_wire(raw)
-        _check_types(cls, values)
-        try:
-            return cls(**values)
-        except TypeError as exc:
-            raise ProtocolError(f"{cls.__name__}: {exc}") from exc
-
-
-def _check_types(cls: type[Message], values: dict[str, Any]) -> None:
-    # A frame from a foreign or broken sender must fail here, not deep in the engine or a
-    # frontend's listener, where a str for an int would crash the loop.
-    checks = _field_checks(cls)
-    for name, value in values.items():
-        if name in checks and not checks[name](value):
-            raise ProtocolError(f"{cls.__name__}.{name}: wrong type {type(value).__name__}")
-    # Every reply to a frontend goes out under topic(frontend_id), which must encode.
-    frontend_id = values.get("frontend_id")
-    if frontend_id is not None and not frontend_id.isascii():
-        raise ProtocolError(f"{cls.__name__}.frontend_id: not ASCII, so not a topic")
-
-
-_CHECKS: dict[type[Message], dict[str, Callable[[Any], bool]]] = {}
-_NAMES: dict[type[Message], tuple[str, ...]] = {}
-
-
-def _names(cls: type[Message]) -> tuple[str, ...]:
-    """A message's field names in wire order, looked up once per class (every update of
-    every tick goes through here, both ways)."""
-    names = _NAMES.get(cls)
-    if names is None:
-        names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return names
-
-
-def _field_checks(cls: type[Message]) -> dict[str, Callable[[Any], bool]]:
-    checks = _CHECKS.get(cls)
-    if checks is None:
-        hints = typing.get_type_hints(cls)
-        checks = {
-            f.name: _type_check(hints[f.name])
-            for f in dataclasses.fields(cls)
-            if f.name not in cls.NESTED
-        }
-        _CHECKS[cls] = checks
-    return checks
-
-
-# msgpack decodes to exactly these types; a bool is not accepted as a number.
-_PLAIN: dict[Any, frozenset[type]] = {
-    int: frozenset({int}),
-    float: frozenset({int, float}),  # a whole number may travel as an int
-    str: frozenset({str}),
-    bytes: frozenset({bytes}),
-    bool: frozenset({bool}),
-}
-
-
-def _type_check(hint: Any) -> Callable[[Any], bool]:
-    """A predicate for the field annotations this module uses (msgpack's decoded types)."""
-    args = typing.get_args(hint)
-    origin = typing.get_origin(hint)
-    if hint is Any:
-        return lambda value: True
-    if hint in _PLAIN:
-        allowed = _PLAIN[hint]
-        return lambda value: type(value) in allowed
-    if hint is type(None):
-        return lambda value: value is None
-    if origin in (types.UnionType, typing.Union):
-        options = [_type_check(arg) for arg in args]
-        return lambda value: any(check(value) for check in options)
-    if origin is list and args[0] in _PLAIN:  # token ids: one C-level pass over the types
-        items = _PLAIN[args[0]]
-        return lambda value: type(value) is list and set(map(type, value)) <= items
-    if origin is list:
-        item = _type_check(args[0])
-        return lambda value: type(value) is list and all(map(item, value))
-    assert origin is dict, hint
-    key, val = _type_check(args[0]), _type_check(args[1])
-    return lambda value: type(value) is dict and all(key(k) and val(v) for k, v in value.items())
-
-
-def _encode_field(value: Any) -> Any:
-    if isinstance(value, Message):
-        return value.to_wire()
-    if isinstance(value, list) and value and isinstance(value[0], Message):
-        return [v.to_wire() for v in value]
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,17 +134,6 @@ class TimelineQuery(Message):
     frontend_id: str
     query_id: int
     request_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class FeedLease(Message):
-    """A frontend has live viewers of the event feed: the engine produces ``FeedUpdate``s
-    for ``seconds`` from now. Renewed while viewers stay, so a frontend that crashed stops
-    costing the engine anything once its lease runs out; ``seconds == 0`` ends it now."""
-
-    TAG: ClassVar[int] = 5
-    frontend_id: str
-    seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,37 +265,6 @@ class Embedded(Message):
     vectors: list[bytes] = field(default_factory=list)
     prompt_tokens: int = 0
     detail: str = ""
-
-
-# The feed's topic: frontend ids are hex, so no frontend's topic starts with "~".
-FEED_TOPIC = b"~feed"
-
-
-@dataclass(frozen=True, slots=True)
-class FeedUpdate(Message):
-    """The node's scheduling state for the event feed, at most one per feed interval (ticks
-    that came faster are folded into it), published on ``FEED_TOPIC`` while any lease holds.
-
-    ``ticks``/``batch`` sum the decode calls since the previous update (``window_s``);
-    ``events`` are what happened in them (``kind``: grant, finish, reject); ``slots`` is one
-    entry per slot (None: free); ``queue`` counts waiting requests by tenant and priority;
-    ``kv`` is the block figures at ``at_ns`` (the engine's CLOCK_MONOTONIC); ``policy`` the
-    engine's scheduling policy.
-    Plain dicts, not nested messages: frontends pass them to viewers as JSON unread.
-    """
-
-    TAG: ClassVar[int] = 14
-    seq: int
-    at_ns: int
-    window_s: float
-    tick: int
-    ticks: int
-    batch: dict[str, float]
-    slots: list[dict[str, Any] | None]
-    queue: list[dict[str, Any]]
-    kv: dict[str, int]
-    events: list[dict[str, Any]]
-    policy: str = ""  # the engine's --policy (frontends do not have it)
 
 
 _BY_TAG: dict[int, type[Message]] = {

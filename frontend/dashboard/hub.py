@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tinyserve import protocol
+from tinyserve import feed_protocol
 from tinyserve.frontend.link.engine_client import EngineClient, EngineUnreachable
 
 log = logging.getLogger(__name__)
@@ -106,9 +106,9 @@ class FeedHub:
         assert self._client is not None
         # The engine is down or restarting: the next renewal reaches the new one.
         with contextlib.suppress(EngineUnreachable):
-            self._client.send(protocol.FeedLease(self._client.frontend_id, seconds))
+            self._client.send(feed_protocol.FeedLease(self._client.frontend_id, seconds))
 
-    def publish(self, update: protocol.FeedUpdate) -> None:
+    def publish(self, update: feed_protocol.FeedUpdate) -> None:
         """Offer one engine update to every viewer, encoded once; never waits."""
         self.updates += 1
         frame = sse_frame("update", update_body(update))
@@ -116,7 +116,7 @@ class FeedHub:
             viewer.offer(frame)
 
 
-def update_body(update: protocol.FeedUpdate) -> dict[str, Any]:
+def update_body(update: feed_protocol.FeedUpdate) -> dict[str, Any]:
     """An update as viewers get it: the message's fields by name."""
     return {
         "seq": update.seq,

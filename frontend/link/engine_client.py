@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import zmq
 
-from tinyserve import protocol
+from tinyserve import feed_protocol, protocol
 from tinyserve.config import Config
 from tinyserve.frontend.link.streams import ENGINE_LOST, RequestStream
 from tinyserve.logs import RateLimitedLog, fields
@@ -67,7 +67,7 @@ class EngineClient:
         self._queries: dict[int, asyncio.Future[dict[str, Any] | None]] = {}
         self._embeddings: dict[str, asyncio.Future[protocol.Embedded]] = {}
         # The event feed's receiver while this frontend has viewers (``watch_feed``).
-        self.on_feed: Callable[[protocol.FeedUpdate], None] | None = None
+        self.on_feed: Callable[[feed_protocol.FeedUpdate], None] | None = None
         self._next_query = 0
         self._dropped = RateLimitedLog(log)
         self._loop: asyncio.AbstractEventLoop | None = None  # while ``listen`` runs
@@ -128,12 +128,12 @@ class EngineClient:
         finally:
             self._queries.pop(query_id, None)
 
-    def watch_feed(self, on_feed: Callable[[protocol.FeedUpdate], None] | None) -> None:
+    def watch_feed(self, on_feed: Callable[[feed_protocol.FeedUpdate], None] | None) -> None:
         """Receive the event feed's updates (``None``: stop). Unsubscribed, the SUB socket
         filters them out, so a frontend without viewers never decodes one."""
         if (on_feed is None) != (self.on_feed is None):
             option = zmq.SUBSCRIBE if on_feed is not None else zmq.UNSUBSCRIBE
-            self._sub.setsockopt(option, protocol.FEED_TOPIC)
+            self._sub.setsockopt(option, feed_protocol.FEED_TOPIC)
             self._wake()  # an option call may take the descriptor's signal
         self.on_feed = on_feed
 
@@ -253,7 +253,7 @@ class EngineClient:
             answer = self._queries.get(message.query_id)
             if answer is not None and not answer.done():
                 answer.set_result(message.timeline)
-        elif isinstance(message, protocol.FeedUpdate):
+        elif isinstance(message, feed_protocol.FeedUpdate):
             if self.on_feed is not None:  # None: an update sent before we unsubscribed
                 self.on_feed(message)
         elif isinstance(message, protocol.HelloAck):

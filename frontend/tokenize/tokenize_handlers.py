@@ -9,7 +9,6 @@ from typing import TypeVar
 
 from aiohttp import web
 
-from tinyserve.config import DEFAULT_CTX_PER_SLOT
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import MODEL_NOT_FOUND, ApiError
 from tinyserve.frontend.models.parse import read_body
@@ -24,6 +23,7 @@ from tinyserve.frontend.prompt import conversation
 from tinyserve.frontend.request.generation import check_token_ids
 from tinyserve.frontend.request.state import CHAT_TEMPLATE, CONFIG, LINK, TOKENIZER
 from tinyserve.model import model_name
+from tinyserve.options import DEFAULT_CTX_PER_SLOT
 
 TOKENIZER_CLASS = "llama.cpp"  # the GGUF's own vocabulary, through llama.cpp
 

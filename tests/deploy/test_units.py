@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tinyserve.config import OPTIONS, build_config
+from tinyserve.config import build_config
+from tinyserve.options import OPTIONS
 
 UNITS = Path(__file__).resolve().parents[2] / "systemd"
 ENGINE = "tinyserve-engine.service"

@@ -19,6 +19,9 @@ CORE_SETTINGS: dict[str, Any] = {
     "block_size": 16,
     "max_queue": 8,
     "threads": 1,  # the test machine's cores are shared: a second thread spins and waits
+    # one token per step: whether a guess pays depends on the machine's timings, and tests
+    # count steps (tests/engine/test_speculation.py turns it on, with a fixed bar)
+    "speculate": "off",
 }
 
 

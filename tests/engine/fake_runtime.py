@@ -202,9 +202,15 @@ class FakeRuntime:
         return ""
 
     def _context(self, seq: int, pos: int) -> tuple[int, ...]:
+        """What a row at ``pos`` attends to: its sequence's cells up to it (a guessed row's
+        later cells are masked, as llama.cpp's causal mask does)."""
         seen = self.streams[seq]
-        assert sorted(seen) == list(range(pos + 1)), f"seq {seq} at {pos} sees {sorted(seen)}"
+        assert all(i in seen for i in range(pos + 1)), f"seq {seq} at {pos} sees {sorted(seen)}"
         return tuple(seen[i] for i in range(pos + 1))
+
+    def argmax(self, rows: list[int]) -> list[int]:
+        """The fake model's greedy pick for each of ``rows``."""
+        return [next_token(self.contexts[row], p.SamplingParams()) for row in rows]
 
     def new_sampler(self, params: p.SamplingParams) -> FakeSampler:
         return FakeSampler(self, params)

@@ -289,8 +289,9 @@ def test_unknown_policy_and_negative_aging_are_refused() -> None:
 
 
 def test_the_new_policies_are_chosen_by_flag_or_environment() -> None:
-    from tinyserve.config import ENGINE, build_config
+    from tinyserve.config import build_config
     from tinyserve.engine.deadline import DeadlinePolicy
+    from tinyserve.options import ENGINE
 
     config = build_config({}, environ={"TINYSERVE_POLICY": "srpt", "TINYSERVE_SRPT_AGING": "0"})
     policy = make_policy(config.policy, config.tenant_weight_map, config.srpt_aging)

@@ -21,7 +21,7 @@ import zmq
 import zmq.asyncio
 from aiohttp.test_utils import TestClient
 
-from tinyserve import protocol
+from tinyserve import feed_protocol, protocol
 from tinyserve.config import Config
 from tinyserve.frontend.request.state import LINK
 from tinyserve_native.board import Board
@@ -85,7 +85,7 @@ class FakeEngine:
         self.script: Script = default_script
         self.submits: list[protocol.Submit] = []
         self.cancels: list[protocol.Cancel] = []
-        self.leases: list[protocol.FeedLease] = []
+        self.leases: list[feed_protocol.FeedLease] = []
         self.hellos: list[protocol.Hello] = []
         self.embeds: list[protocol.Embed] = []
         # What an Embed gets: the answer, or None for none (the test sends it, or never does).
@@ -160,7 +160,7 @@ class FakeEngine:
                     await self._send(message.frontend_id, answer)
             elif isinstance(message, protocol.Cancel):
                 self.cancels.append(message)
-            elif isinstance(message, protocol.FeedLease):
+            elif isinstance(message, feed_protocol.FeedLease):
                 self.leases.append(message)
 
     def _ack(self, frontend_id: str) -> protocol.HelloAck:
@@ -180,9 +180,9 @@ class FakeEngine:
             await self._send(submit.frontend_id, protocol.TickOutput(submit.frontend_id, updates))
             await asyncio.sleep(self.tick_s)
 
-    async def publish_feed(self, update: protocol.FeedUpdate) -> None:
+    async def publish_feed(self, update: feed_protocol.FeedUpdate) -> None:
         """One event-feed update on the feed's topic, as the engine sends it."""
-        await self._pub.send_multipart([protocol.FEED_TOPIC, protocol.encode(update)])
+        await self._pub.send_multipart([feed_protocol.FEED_TOPIC, protocol.encode(update)])
 
     async def _send(self, frontend_id: str, message: protocol.Message) -> None:
         await self._pub.send_multipart([protocol.topic(frontend_id), protocol.encode(message)])

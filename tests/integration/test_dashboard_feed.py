@@ -16,7 +16,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from tinyserve import protocol
+from tinyserve import feed_protocol, protocol
 
 from .nginx import Nginx, find_nginx
 from .node import Node
@@ -112,7 +112,7 @@ async def feed_frames(sub: zmq.asyncio.Socket, seconds: float) -> int:
     while (left := deadline - time.monotonic()) > 0:
         if await sub.poll(int(left * 1000)):
             topic, _ = await sub.recv_multipart()
-            assert topic == protocol.FEED_TOPIC
+            assert topic == feed_protocol.FEED_TOPIC
             got += 1
     return got
 
@@ -121,7 +121,7 @@ async def test_the_engine_publishes_the_feed_only_while_someone_watches(node: No
     ctx = zmq.asyncio.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, protocol.FEED_TOPIC)
+    sub.setsockopt(zmq.SUBSCRIBE, feed_protocol.FEED_TOPIC)
     sub.connect(f"ipc://{node.runtime_dir}/engine.out")
     timeout = aiohttp.ClientTimeout(total=300)
     try:
@@ -149,13 +149,13 @@ async def test_a_lease_nobody_renews_ends_by_itself(node: Node) -> None:
     push = ctx.socket(zmq.PUSH)
     for sock in (sub, push):
         sock.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, protocol.FEED_TOPIC)
+    sub.setsockopt(zmq.SUBSCRIBE, feed_protocol.FEED_TOPIC)
     sub.connect(f"ipc://{node.runtime_dir}/engine.out")
     push.connect(f"ipc://{node.runtime_dir}/engine.in")
     try:
         await asyncio.sleep(0.5)  # the subscription reaches the engine before the feed starts
         await feed_frames(sub, 0.5)  # whatever another test's viewer left in flight
-        await push.send(protocol.encode(protocol.FeedLease("c" * 32, 1.0)))
+        await push.send(protocol.encode(feed_protocol.FeedLease("c" * 32, 1.0)))
         assert await feed_frames(sub, 1.0) > 0  # an idle engine still sends one a second
         await asyncio.sleep(1.0)  # the lease (1 s) has run out; nobody renewed it
         await feed_frames(sub, 0.3)

@@ -9,7 +9,8 @@ import llama_cpp
 import pytest
 
 from tinyserve import cli
-from tinyserve.config import ENGINE, FRONTEND, LLAMA_MAX_SEQ, SERVE, build_config, parse_args
+from tinyserve.config import build_config, parse_args
+from tinyserve.options import ENGINE, FRONTEND, LLAMA_MAX_SEQ, SERVE
 
 REFUSED = [
     ({"slots": 300, "max_batch_tokens": 256}, ["--slots 300", "--max-batch-tokens 256"]),
@@ -17,6 +18,9 @@ REFUSED = [
     ({"slots": 257, "max_batch_tokens": 512}, ["--slots 257", "256"]),
     ({"cache_dir": "/tmp/x", "host_cache_mb": 0}, ["--cache-dir", "--host-cache-mb"]),
     ({"cache_dir": "/tmp/x", "prefix_cache": False}, ["--cache-dir", "--prefix-cache"]),
+    ({"speculate": "draft"}, ["--speculate draft", "--draft-model"]),
+    ({"draft_model": "/m.gguf", "speculate": "ngram"}, ["--draft-model", "ngram"]),
+    ({"draft_model": "/m.gguf", "speculate": "off"}, ["--draft-model", "off"]),
 ]
 
 
@@ -53,6 +57,15 @@ def test_gpu_settings_that_say_nothing_are_usage_errors(argv: list[str]) -> None
 
 def cli_config(argv: list[str]) -> Any:
     return parse_args(ENGINE, argv)
+
+
+def test_a_draft_model_given_is_the_one_that_guesses() -> None:
+    assert cli_config([]).speculate == "ngram"
+    config = cli_config(["--draft-model", "/m.gguf"])
+    assert (config.speculate, config.draft_model) == ("draft", "/m.gguf")
+    assert cli_config(config.flags_for(ENGINE)).speculate == "draft"
+    env = {"TINYSERVE_DRAFT_MODEL": "/m.gguf"}
+    assert build_config({}, environ=env, role=ENGINE).speculate == "draft"
 
 
 def test_the_environment_is_checked_too() -> None:

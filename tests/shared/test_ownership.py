@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tinyserve.config import ENGINE, FRONTEND, Config, build_config
+from tinyserve.config import Config, build_config
 from tinyserve.errors import TinyServeError
+from tinyserve.options import ENGINE, FRONTEND
 from tinyserve.ownership import claim_node, join_node
 from tinyserve.rundir import LOCK_FILE
 from tinyserve_native.board import Board

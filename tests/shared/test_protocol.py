@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tinyserve import feed_protocol as feed
 from tinyserve import protocol as p
 
 SAMPLES: list[p.Message] = [
@@ -33,7 +34,7 @@ SAMPLES: list[p.Message] = [
     p.TimelineQuery("f" * 32, 7, "r1"),
     p.TimelineReply("f" * 32, 7, {"request_id": "r1", "prefill": [{"tick": 3, "tokens": 16}]}),
     p.TimelineReply("f" * 32, 8, None),
-    p.FeedLease("f" * 32, 3.0),
+    feed.FeedLease("f" * 32, 3.0),
     p.HelloAck("f" * 32, 42, 7, "smol", 4096, 49152, 8, 16, 256, 64, -1, 576),
     p.TickOutput(
         "f" * 32,
@@ -49,7 +50,7 @@ SAMPLES: list[p.Message] = [
 
 # Messages without a frontend id (published on a topic every frontend may read).
 BROADCAST: list[p.Message] = [
-    p.FeedUpdate(
+    feed.FeedUpdate(
         7,
         123_456,
         0.1,
@@ -71,9 +72,9 @@ def test_round_trip(message: p.Message) -> None:
 
 def test_the_feed_topic_prefixes_no_frontend_topic() -> None:
     # SUB matches by prefix: a frontend without viewers must not receive the feed.
-    assert not p.topic("f" * 32).startswith(p.FEED_TOPIC)
-    assert not p.FEED_TOPIC.startswith(p.topic("f" * 32))
-    assert p.FEED_TOPIC[:1] not in b"0123456789abcdef"  # frontend ids are hex
+    assert not p.topic("f" * 32).startswith(feed.FEED_TOPIC)
+    assert not feed.FEED_TOPIC.startswith(p.topic("f" * 32))
+    assert feed.FEED_TOPIC[:1] not in b"0123456789abcdef"  # frontend ids are hex
 
 
 def test_a_feed_update_with_a_wrong_typed_slot_is_rejected() -> None:

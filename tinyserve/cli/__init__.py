@@ -9,7 +9,8 @@ import argparse
 import faulthandler
 from collections.abc import Sequence
 
-from tinyserve.config import ENGINE, FRONTEND, SERVE, add_arguments, build_config
+from tinyserve.config import add_arguments, build_config
+from tinyserve.options import ENGINE, FRONTEND, SERVE
 
 _HELP = {
     SERVE: "start one engine and N frontends on this machine",

@@ -13,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from tests.frontend.harness import FakeEngine, until, wait_serving
-from tinyserve import protocol
+from tinyserve import feed_protocol
 from tinyserve.config import Config, build_config
 from tinyserve.frontend.dashboard import handlers
 from tinyserve.frontend.dashboard.hub import FEED_HUB, LEASE_S
@@ -23,10 +23,10 @@ from tinyserve.frontend.request.state import GATE
 Client = TestClient[Any, Any]
 
 
-def update(seq: int = 1) -> protocol.FeedUpdate:
+def update(seq: int = 1) -> feed_protocol.FeedUpdate:
     slot = {"request_id": "r1", "tenant": "a", "priority": 0, "phase": "decode", "n_past": 9,
             "prompt_tokens": 8, "cached_tokens": 0, "generated": 1, "max_tokens": 4}  # fmt: skip
-    return protocol.FeedUpdate(
+    return feed_protocol.FeedUpdate(
         seq, 5_000_000, 0.1, 9, 2, {"tokens": 3.0, "generated": 2.0}, [slot, None],
         [{"tenant": "b", "priority": 1, "count": 3}], {"total": 32, "used": 2, "cached": 1,
         "free": 29}, [{"kind": "grant", "request_id": "r1"}],

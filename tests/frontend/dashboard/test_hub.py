@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tinyserve import protocol
+from tinyserve import feed_protocol, protocol
 from tinyserve.frontend.dashboard.hub import LEASE_S, FeedHub, Viewer, sse_frame
 
 
@@ -25,8 +25,8 @@ class Client:
         self.on_feed = on_feed
 
 
-def update(seq: int) -> protocol.FeedUpdate:
-    return protocol.FeedUpdate(seq, seq * 1_000_000, 0.1, seq, 1, {}, [None], [], {}, [])
+def update(seq: int) -> feed_protocol.FeedUpdate:
+    return feed_protocol.FeedUpdate(seq, seq * 1_000_000, 0.1, seq, 1, {}, [None], [], {}, [])
 
 
 def frames(viewer: Viewer) -> list[bytes | None]:
@@ -46,7 +46,7 @@ async def test_the_first_viewer_turns_the_feed_on_and_the_last_off() -> None:
     assert client.on_feed is not None
     hub.leave(b)
     assert client.on_feed is None
-    assert client.sent[-1] == protocol.FeedLease(client.frontend_id, 0.0)
+    assert client.sent[-1] == feed_protocol.FeedLease(client.frontend_id, 0.0)
 
 
 async def test_a_slow_viewer_is_cut_off_and_the_others_get_everything() -> None:

@@ -1,0 +1,82 @@
+"""The scheduler's side of speculation: which sequences guess, how many tokens each tick, and
+where the guesses come from (their own text, engine/speculation.py's lookup, or the draft
+model, engine/draft_model.py). What a guess is worth is learnt here too: ``StepCost`` hears
+the duration of every decode-only tick."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from tinyserve.engine.draft_model import Ask, DraftModel
+from tinyserve.engine.sequence import Sequence
+from tinyserve.engine.speculation import CALIBRATION_ROWS, Speculation, StepCost
+
+
+class Guessing:
+    """Each tick's guesses for the decoding sequences, and the step cost they are paid from."""
+
+    def __init__(
+        self,
+        mode: str,
+        max_k: int,
+        n_ctx: int,
+        time_rows: Callable[[Sequence, int], float],
+        draft_model: DraftModel | None = None,
+    ) -> None:
+        self.on = mode != "off"
+        self.max_k = max_k
+        self.n_ctx = n_ctx
+        self.time_rows = time_rows  # the runner's timing of a step of so many rows
+        self.draft_model = draft_model  # guesses from a smaller model, else from the text
+        self.step_cost = StepCost()
+        self._decode_only_since = 0  # the end of the last tick, when it decoded only
+
+    def tick_ended(self, decode_only: bool, rows: int, now: int) -> None:
+        """A tick of ``rows`` rows ended at ``now``. From the end of one decode-only tick to
+        the end of the next is the engine's whole work for a step (its loop, the sends, the
+        runner): what a guessed token saves."""
+        if decode_only and self._decode_only_since:
+            self.step_cost.observe(rows, (now - self._decode_only_since) / 1e9)
+        self._decode_only_since = now if decode_only else 0
+
+    def other_work(self) -> None:
+        """Work that is no decode step (an embedding batch) ran since the last tick: the
+        time to the next one says nothing of a step's cost."""
+        self._decode_only_since = 0
+
+    def start(self, seq: Sequence) -> None:
+        """``seq`` starts decoding: it guesses from now on, unless ``--speculate off``."""
+        if self.on:
+            seq.spec = Speculation(self.max_k)
+            seq.spec.lookup.extend(seq.request.prompt_ids)
+
+    def guesses(self, decoding: list[Sequence], spare: int) -> dict[int, tuple[int, ...]]:
+        """The decoding sequences' guessed next tokens for this tick, by slot: each as many as
+        pay at the step's bar, within the ``spare`` rows of the budget, its slot's cells and
+        its ``max_tokens``."""
+        bar = self.step_cost.bar(len(decoding))
+        guesses: dict[int, tuple[int, ...]] = {}
+        asks: list[Ask] = []
+        for seq in decoding:
+            spec = seq.spec
+            if spec is None:
+                continue
+            if not self.step_cost.calibrated and seq.n_past + CALIBRATION_ROWS < self.n_ctx:
+                self.step_cost.calibrate(functools.partial(self.time_rows, seq))
+            room = min(
+                spare,
+                self.n_ctx - seq.n_past - 2,  # its last token's cell, then one per guess
+                seq.request.max_tokens - seq.generated - 1,
+            )
+            k = spec.wanted(room, bar)
+            if self.draft_model is not None and k:
+                asks.append(Ask(seq.slot, seq.request.prompt_ids + seq.output_ids, k))
+            elif k:
+                guesses[seq.slot] = tuple(spec.lookup.guess(k))
+            spare -= k
+        if asks:
+            assert self.draft_model is not None
+            drafted = self.draft_model.guesses(asks)
+            guesses.update((slot, tuple(guess)) for slot, guess in drafted.items())
+        return guesses
