@@ -16,6 +16,7 @@ Writes ``bench/results/embeddings.csv``.
 
     .venv/bin/python bench/embeddings.py
     .venv/bin/python bench/embeddings.py --tokens 120 --per-request 32 --rounds 4
+    .venv/bin/python bench/embeddings.py --stream-only    # the stream beside embeddings alone
 """
 
 from __future__ import annotations
@@ -180,6 +181,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--frontends", type=int, default=1)
     parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument(
+        "--stream-only", action="store_true", help="only a stream's ITL, alone and beside"
+    )
     args = parser.parse_args()
 
     from tinyserve.model import resolve_model_path
@@ -188,6 +192,8 @@ def main() -> None:
     llama_server_binary()
     inputs = texts(args.inputs, args.tokens)
     rows: list[dict[str, Any]] = []
+    if args.stream_only:
+        args.rounds = 0
     for r in range(args.rounds):
         seconds = in_fresh_process(
             "embeddings", "embed_in_process", str(model), args.inputs, args.tokens,
@@ -195,7 +201,9 @@ def main() -> None:
         )  # fmt: skip
         got = figures(sum(seconds), seconds, args.inputs)
         rows.append({"server": "embed()", "load": "list", "round": r + 1, **got})
-    servers = [start_llama_server(model, args), start_tinyserve(model, args)]
+    servers = [start_tinyserve(model, args)]
+    if not args.stream_only:
+        servers.insert(0, start_llama_server(model, args))
     try:
         for kind in ("list", "single"):
             for r in range(args.rounds):
@@ -203,7 +211,7 @@ def main() -> None:
                     got = asyncio.run(load(server, kind, inputs, args))
                     rows.append({"server": server.name, "load": kind, "round": r + 1, **got})
                     print(f"{kind} round {r + 1}: {server.name} {got}", flush=True)
-        tinyserve = servers[1]
+        tinyserve = servers[-1]
         alone = asyncio.run(stream_gaps(tinyserve, False, args))
         busy = asyncio.run(stream_gaps(tinyserve, True, args))
     finally:

@@ -131,7 +131,10 @@ class EngineCore:
         batch, make sense of its results, report."""
         scheduler = self.scheduler
         if self.embeddings:
-            ended, embed_batch = self.embeddings.step()
+            # beside generation requests, no more than a prompt chunk's worth
+            ended, embed_batch = self.embeddings.step(
+                scheduler.config.chunk if scheduler.by_id else 0
+            )
             scheduler.drafts.embedded(ended, embed_batch)
             if embed_batch is not None:
                 scheduler.guessing.other_work()

@@ -7,7 +7,8 @@ vector is out, so ``/v1/embeddings`` runs in a second context: on the served mod
 request, so a server that never embeds pays nothing for it, and it runs at most one batch
 (``--embedding-max-tokens`` tokens, ``EMBED_SEQS`` inputs) per engine tick, between the
 generation ticks: a long list of inputs delays running streams by one such batch per tick,
-never by the whole list.
+never by the whole list. While any generation request waits or runs, the batch holds at most
+``--chunk`` tokens (whole inputs, at least one): what a prompt chunk costs a step.
 
 Pooling is the GGUF's (``{arch}.pooling_type``), or mean where it names none (a chat model);
 ``--pooling`` picks one. Vectors go out L2-normalised, as OpenAI's and llama-server's do.
@@ -237,14 +238,15 @@ class Embeddings:
         self._jobs.clear()
         return ended
 
-    def step(self) -> tuple[list[Embedded], EmbedBatch | None]:
-        """Run one batch of the oldest inputs: the requests that ended, and the batch."""
+    def step(self, tokens: int = 0) -> tuple[list[Embedded], EmbedBatch | None]:
+        """Run one batch of the oldest inputs, at most ``tokens`` tokens when given (and at
+        least one input): the requests that ended, and the batch."""
         try:
             context = self._open()
         except RequestError as exc:  # every waiting request would fail the same way
             log.error("embedding context failed: %s", exc)
             return self.end_all(FINISH_ERROR, str(exc)), None
-        inputs, owners = self._next_batch()
+        inputs, owners = self._next_batch(min(tokens or self.spec.max_tokens, self.spec.max_tokens))
         started = time.perf_counter()
         try:
             vectors = context.run(inputs)
@@ -259,15 +261,14 @@ class Embeddings:
         ended = [self._end(job, FINISH_STOP) for job in done]
         return ended, EmbedBatch(len(inputs), sum(map(len, inputs)), seconds)
 
-    def _next_batch(self) -> tuple[list[list[int]], list[_Job]]:
-        """The oldest inputs not yet embedded, as many as one batch holds (at least one), and
-        the job of each."""
+    def _next_batch(self, room: int) -> tuple[list[list[int]], list[_Job]]:
+        """The oldest inputs not yet embedded, as many as ``room`` tokens hold (at least one),
+        and the job of each."""
         inputs: list[list[int]] = []
         owners: list[_Job] = []
-        room = self.spec.max_tokens
         for job in self._jobs:
             for ids in job.request.inputs[len(job.vectors) :]:
-                if len(ids) > room or len(inputs) == EMBED_SEQS:
+                if (inputs and len(ids) > room) or len(inputs) == EMBED_SEQS:
                     return inputs, owners
                 inputs.append(ids)
                 owners.append(job)
