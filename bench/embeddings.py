@@ -145,6 +145,8 @@ async def stream_gaps(server: Server, busy: bool, args: argparse.Namespace) -> l
     inputs = texts(args.per_request, args.tokens)
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session:
+        if not server.model:
+            server.model = await model_id(session, server.url)
         done = asyncio.Event()
 
         async def embedder() -> None:
@@ -217,7 +219,14 @@ def main() -> None:
     finally:
         for server in servers:
             server.stop()
-    path = write_csv("embeddings", rows)
+    streams = [
+        {"stream": name, "itl_mean_ms": round(1000 * mean(gaps), 1),
+         "itl_p99_ms": round(1000 * percentile(gaps, 0.99), 1)}
+        for name, gaps in (("alone", alone), ("beside embedding", busy))
+    ]  # fmt: skip
+    path = write_csv("embeddings_stream", streams)
+    if rows:
+        path = write_csv("embeddings", rows)
     print(
         f"\nmodel {model.name}; threads {args.threads}; {args.inputs} inputs of ~{args.tokens} "
         f"tokens; list: {args.per_request} per request; single: {args.concurrency} clients"

@@ -6,6 +6,7 @@ the duration of every decode-only tick."""
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 
 from tinyserve.engine.draft_model import Ask, DraftModel
@@ -31,14 +32,21 @@ class Guessing:
         self.draft_model = draft_model  # guesses from a smaller model, else from the text
         self.step_cost = StepCost()
         self._decode_only_since = 0  # the end of the last tick, when it decoded only
+        # What a decode of the draft model costs (engine/draft_model.py), fitted as the
+        # target's is from a calibration; and its seconds in the current tick, a guess's
+        # cost beside its row, not a step's.
+        self.draft_cost = StepCost()
+        self._draft_s = 0.0
 
     def tick_ended(self, decode_only: bool, rows: int, now: int) -> None:
         """A tick of ``rows`` rows ended at ``now``. From the end of one decode-only tick to
         the end of the next is the engine's whole work for a step (its loop, the sends, the
         runner): what a guessed token saves."""
         if decode_only and self._decode_only_since:
-            self.step_cost.observe(rows, (now - self._decode_only_since) / 1e9)
+            seconds = (now - self._decode_only_since) / 1e9 - self._draft_s
+            self.step_cost.observe(rows, seconds)
         self._decode_only_since = now if decode_only else 0
+        self._draft_s = 0.0
 
     def other_work(self) -> None:
         """Work that is no decode step (an embedding batch) ran since the last tick: the
@@ -51,19 +59,35 @@ class Guessing:
             seq.spec = Speculation(self.max_k)
             seq.spec.lookup.extend(seq.request.prompt_ids)
 
+    def _draft_per_token(self, batch: int) -> float:
+        """Seconds the draft model spends on a guessed token when ``batch`` sequences guess
+        together (a draft decode picks one token for each): 0 without a draft."""
+        if self.draft_model is None:
+            return 0.0
+        if not self.draft_cost.calibrated:
+            self.draft_cost.calibrate(self.draft_model.time_rows)
+        fitted = self.draft_cost.fit()
+        if fitted is None:
+            return 0.0
+        fixed, per_row = fitted
+        return fixed / max(batch, 1) + per_row
+
     def guesses(self, decoding: list[Sequence], spare: int) -> dict[int, tuple[int, ...]]:
         """The decoding sequences' guessed next tokens for this tick, by slot: each as many as
         pay at the step's bar, within the ``spare`` rows of the budget, its slot's cells and
         its ``max_tokens``."""
-        bar = self.step_cost.bar(len(decoding))
+        if not self.step_cost.calibrated:  # before the first guess: what a row costs
+            fits = (s for s in decoding if s.spec and s.n_past + CALIBRATION_ROWS < self.n_ctx)
+            seq = next(fits, None)
+            if seq is not None:
+                self.step_cost.calibrate(functools.partial(self.time_rows, seq))
+        bar = self.step_cost.bar(len(decoding), self._draft_per_token(len(decoding)))
         guesses: dict[int, tuple[int, ...]] = {}
         asks: list[Ask] = []
         for seq in decoding:
             spec = seq.spec
             if spec is None:
                 continue
-            if not self.step_cost.calibrated and seq.n_past + CALIBRATION_ROWS < self.n_ctx:
-                self.step_cost.calibrate(functools.partial(self.time_rows, seq))
             room = min(
                 spare,
                 self.n_ctx - seq.n_past - 2,  # its last token's cell, then one per guess
@@ -77,6 +101,8 @@ class Guessing:
             spare -= k
         if asks:
             assert self.draft_model is not None
+            started = time.perf_counter()
             drafted = self.draft_model.guesses(asks)
+            self._draft_s = time.perf_counter() - started
             guesses.update((slot, tuple(guess)) for slot, guess in drafted.items())
         return guesses

@@ -121,15 +121,16 @@ class StepCost:
         fixed = (self._y - per_row * self._x) / self._n
         return max(fixed, 0.0), max(per_row, 0.0)
 
-    def bar(self, batch: int) -> float:
-        """The least chance of being taken at which a guessed token pays for its row, in a
-        step of ``batch`` decoding sequences."""
+    def bar(self, batch: int, extra: float = 0.0) -> float:
+        """The least chance of being taken at which a guessed token pays for its row (and
+        ``extra`` seconds more of making it: a draft model's), in a step of ``batch``
+        decoding sequences; 1 or more: no guess pays."""
         fitted = self.fit()
         if fitted is None:
             return UNFITTED_BAR
         fixed, per_row = fitted
         whole = fixed + per_row * batch
-        return per_row * batch / whole if whole > 0 else 0.0
+        return (per_row + extra) * batch / whole if whole > 0 else 0.0
 
 
 @dataclass
@@ -166,7 +167,10 @@ class Speculation:
 
     def wanted(self, room: int, bar: float) -> int:
         """How many tokens to guess this tick, at most ``room``: none while cooling down or
-        when no guess would pay (which starts a cooldown)."""
+        when no guess would pay (which starts a cooldown); none at all, not even a probe,
+        while the bar is 1 or more (a guess that always held would not pay)."""
+        if bar >= 1:
+            return 0
         if self.cooldown:
             self.cooldown -= 1
             self.probing = self.cooldown == 0

@@ -16,6 +16,7 @@ from tinyserve.engine.runtime import LlamaRuntime
 from tinyserve.engine.speculation import (
     CALIBRATION_ROWS,
     COOLDOWN_TICKS,
+    MAX_PAUSE_TICKS,
     UNFITTED_BAR,
     Lookup,
     Speculation,
@@ -111,6 +112,24 @@ def test_a_sequence_whose_guesses_do_not_pay_pauses_then_probes_one_token() -> N
     assert spec.pause == COOLDOWN_TICKS
 
 
+def test_no_guess_not_even_a_probe_while_a_held_guess_would_not_pay() -> None:
+    spec = Speculation(max_k=8)
+    spec.lookup.extend([5, 6, 7] * 10)
+    for _ in range(3 * MAX_PAUSE_TICKS):  # a draft model as slow as the model itself
+        assert spec.wanted(room=100, bar=1.2) == 0
+    assert (spec.cooldown, spec.guessed) == (0, 0)  # no pause begun: nothing to learn
+    assert spec.wanted(room=100, bar=0.0) == 8
+
+
+def test_a_draft_models_decode_raises_the_bar_by_its_cost_per_guessed_token() -> None:
+    cost = StepCost()
+    for rows, seconds in [(1, 0.012), (9, 0.044)]:
+        cost.observe(rows, seconds, 20.0)  # fixed 8 ms, 4 ms a row
+    assert cost.bar(1) == pytest.approx(4 / 12)
+    assert cost.bar(1, extra=0.010) > 1  # a draft as slow as the model: never pays
+    assert cost.bar(1, extra=0.001) == pytest.approx(5 / 12)  # one ten times faster
+
+
 REPEATING = [
     "Copy this list exactly: apple, banana, cherry, apple, banana, cherry, apple, banana,",
     "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef",
@@ -124,7 +143,7 @@ class FreeRows(StepCost):
     """A step cost under which every guess pays, so that the tests guess whatever this
     machine's timings say."""
 
-    def bar(self, batch: int) -> float:
+    def bar(self, batch: int, extra: float = 0.0) -> float:
         return 0.0
 
 
