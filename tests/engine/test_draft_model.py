@@ -40,7 +40,7 @@ def run_all(
     core = EngineCore(config, runtime, draft=draft)
     core.scheduler.guessing.step_cost = FreeRows()
     driver = Driver(core)
-    rids = [driver.submit(ids, max_tokens=40, **sampling) for ids in prompts]
+    rids = [driver.submit(ids, max_tokens=24, **sampling) for ids in prompts]
     driver.run(max_ticks=2000)
     return driver, rids
 
@@ -54,7 +54,7 @@ def test_replies_are_the_same_with_a_draft_model_and_without(
     tokenize: Callable[[str], list[int]],
     sampling: dict[str, object],
 ) -> None:
-    prompts = [tokenize(text) for text in REPEATING + FREE]
+    prompts = [tokenize(text) for text in REPEATING[:2] + FREE[:1]]
     off, off_ids = run_all(runtime, None, prompts, **sampling)
     on, on_ids = run_all(runtime, draft, prompts, **sampling)
     for a, b in zip(off_ids, on_ids, strict=True):
