@@ -19,10 +19,10 @@ guess is an optimisation, never a reason to end a request.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 from tinyserve.engine.resident import common_start
+from tinyserve.engine.runner import time_rows
 from tinyserve.engine.runtime import LlamaRuntime
 from tinyserve.errors import EngineFatalError
 
@@ -77,20 +77,9 @@ class DraftModel:
     def time_rows(self, rows: int) -> float:
         """Seconds a draft decode of ``rows`` rows with logits takes (in slot 0, whose cells
         are dropped first and after), or -1 when it fails: what the draft's picks cost."""
-        runtime, builder = self.runtime, self.runtime.batch
-        runtime.forget(0)
+        self.runtime.forget(0)
         self.held.pop(0, None)
-        builder.clear()
-        for i in range(rows):
-            builder.add(0, i, 0, True)
-        started = time.perf_counter()
-        status = runtime.decode()
-        if status == 0:
-            runtime.argmax(list(range(rows)))
-        elapsed = time.perf_counter() - started
-        runtime.forget(0)
-        builder.clear()
-        return elapsed if status == 0 else -1.0
+        return time_rows(self.runtime, 0, 0, 0, rows)
 
     def _read(self, asks: list[Ask]) -> dict[int, int]:
         """Read each text into its slot's cells; the draft's pick after each text, by slot."""

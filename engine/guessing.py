@@ -55,9 +55,13 @@ class Guessing:
 
     def start(self, seq: Sequence) -> None:
         """``seq`` starts decoding: it guesses from now on, unless ``--speculate off``."""
-        if self.on:
+        if not self.on:
+            return
+        if self.draft_model is not None:  # guesses come from the draft: no lookup to keep
+            seq.spec = Speculation(self.max_k, lookup=None)
+        else:
             seq.spec = Speculation(self.max_k)
-            seq.spec.lookup.extend(seq.request.prompt_ids)
+            seq.spec.heard(seq.request.prompt_ids)
 
     def _draft_per_token(self, batch: int) -> float:
         """Seconds the draft model spends on a guessed token when ``batch`` sequences guess
@@ -93,12 +97,15 @@ class Guessing:
                 self.n_ctx - seq.n_past - 2,  # its last token's cell, then one per guess
                 seq.request.max_tokens - seq.generated - 1,
             )
+            if self.draft_model is None:
+                guess = spec.guess(room, bar)
+                guesses[seq.slot] = tuple(guess)
+                spare -= len(guess)
+                continue
             k = spec.wanted(room, bar)
-            if self.draft_model is not None and k:
+            if k:
                 asks.append(Ask(seq.slot, seq.request.prompt_ids + seq.output_ids, k))
-            elif k:
-                guesses[seq.slot] = tuple(spec.lookup.guess(k))
-            spare -= k
+                spare -= k
         if asks:
             assert self.draft_model is not None
             started = time.perf_counter()

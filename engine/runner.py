@@ -69,6 +69,24 @@ class Outcome:
     batch: Batch
 
 
+def time_rows(runtime: LlamaRuntime, token: int, pos: int, seq_id: int, rows: int) -> float:
+    """Seconds ``runtime`` takes to write ``rows`` rows of ``token`` with logits at ``pos``
+    on in ``seq_id``'s cells, decode them and pick from each, those cells dropped after; -1
+    when the decode fails."""
+    builder = runtime.batch
+    builder.clear()
+    started = time.perf_counter()
+    for i in range(rows):
+        builder.add(token, pos + i, seq_id, True)
+    status = runtime.decode()
+    if status == 0:
+        runtime.argmax(list(range(rows)))
+    elapsed = time.perf_counter() - started
+    runtime.forget(seq_id, pos)
+    builder.clear()
+    return elapsed if status == 0 else -1.0
+
+
 class Runner:
     """Batch, decode and sampling over ``LlamaRuntime``; holds each slot's sampler."""
 
@@ -105,18 +123,7 @@ class Runner:
         """Seconds a step of ``rows`` rows with logits of ``seq`` takes the runner (written at
         its next positions, decoded, picked), those cells dropped after: a measurement for
         speculation's step cost, outside any tick's plan."""
-        builder = self.runtime.batch
-        builder.clear()
-        started = time.perf_counter()
-        for i in range(rows):
-            builder.add(seq.last_token, seq.n_past + i, seq.slot, True)
-        status = self.runtime.decode()
-        if status == 0:
-            self.runtime.argmax(list(range(rows)))
-        elapsed = time.perf_counter() - started
-        self.runtime.forget(seq.slot, seq.n_past)
-        builder.clear()
-        return elapsed if status == 0 else -1.0
+        return time_rows(self.runtime, seq.last_token, seq.n_past, seq.slot, rows)
 
     def sample(self, seq: Sequence, logits_row: int) -> Sampled:
         """``seq``'s next token from the logits of ``logits_row`` of the last decode."""

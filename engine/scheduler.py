@@ -269,7 +269,7 @@ class Scheduler:
         seq.last_token = sampled.token
         seq.output_ids.append(sampled.token)
         if seq.spec is not None:
-            seq.spec.lookup.extend([sampled.token])
+            seq.spec.heard([sampled.token])
         text = seq.stops.feed(sampled.text) if sampled.text else b""
         self.drafts.token(seq.request, sampled.token, text, sampled.logprobs)
         if sampled.end or seq.stops.stopped:

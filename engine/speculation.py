@@ -138,7 +138,7 @@ class Speculation:
     """One sequence's guessing: its lookup, and what its recent guesses say of the next."""
 
     max_k: int
-    lookup: Lookup = field(default_factory=Lookup)
+    lookup: Lookup | None = field(default_factory=Lookup)  # None: another source guesses
     held: float = 2.0  # guessed tokens taken, decayed (a prior of two in three)
     failed: float = 1.0  # guesses cut short by a wrong token, decayed
     cooldown: int = 0  # ticks to go without guessing
@@ -161,8 +161,14 @@ class Speculation:
             return self.max_k
         return min(self.max_k, math.floor(math.log(bar) / math.log(q)))
 
+    def heard(self, tokens: list[int]) -> None:
+        """``tokens`` are now the sequence's: the lookup indexes them (when it keeps one)."""
+        if self.lookup is not None:
+            self.lookup.extend(tokens)
+
     def guess(self, room: int, bar: float) -> list[int]:
         """This tick's guess from the lookup, at most ``room`` tokens (``wanted``)."""
+        assert self.lookup is not None
         return self.lookup.guess(self.wanted(room, bar))
 
     def wanted(self, room: int, bar: float) -> int:

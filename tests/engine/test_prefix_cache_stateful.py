@@ -26,6 +26,7 @@ from hypothesis.stateful import (
 )
 
 from tests.engine.fake_runtime import EOG, FakeRuntime, reference_output
+from tests.engine.test_speculation import FreeRows
 from tinyserve import protocol as p
 from tinyserve.config import build_config
 from tinyserve.engine.core import EngineCore
@@ -67,6 +68,8 @@ class CachedEngine:
         )
         self.runtime = FakeRuntime(ctx_blocks * BLOCK, slots, config.max_batch_tokens)
         self.core = EngineCore(config, self.runtime, clock=lambda: 0)
+        # every guess pays, whatever the machine's timings: the same examples, the same steps
+        self.core.scheduler.guessing.step_cost = FreeRows()
         kv = self.core.kv
         if host_bytes:  # a bound of a few fake blocks (each 96 bytes), not 1 MB
             assert kv.cache is not None

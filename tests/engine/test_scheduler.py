@@ -25,7 +25,8 @@ class Engine:
 
     def __init__(self, **overrides: object) -> None:
         settings = {"ctx_per_slot": 64, "slots": 4, "chunk": 6, "max_batch_tokens": 12}
-        settings |= {"block_size": 4, "host_cache_mb": 0, "threads": 1, **overrides}
+        settings |= {"block_size": 4, "host_cache_mb": 0, "threads": 1, "speculate": "off"}
+        settings |= overrides
         config = build_config(settings, environ={})
         self.runtime = FakeRuntime(64, config.slots, config.max_batch_tokens)
         self.now = 0

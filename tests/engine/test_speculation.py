@@ -81,7 +81,7 @@ def test_a_calibration_gives_the_slope_before_any_step_of_another_size() -> None
 
 def test_the_guess_length_follows_the_chance_of_holding_and_the_bar() -> None:
     spec = Speculation(max_k=8)
-    spec.lookup.extend([5, 6, 7] * 10)
+    spec.heard([5, 6, 7] * 10)
     assert spec.chance == 2 / 3  # the prior
     assert spec.length(bar=0.5) == 1  # (2/3)^1 > 0.5 > (2/3)^2
     assert spec.length(bar=0.0) == 8
@@ -96,7 +96,7 @@ def test_the_guess_length_follows_the_chance_of_holding_and_the_bar() -> None:
 
 def test_a_sequence_whose_guesses_do_not_pay_pauses_then_probes_one_token() -> None:
     spec = Speculation(max_k=8)
-    spec.lookup.extend([5, 6, 7] * 10)
+    spec.heard([5, 6, 7] * 10)
     assert spec.guess(room=100, bar=0.9) == []  # 2/3 is under the bar: a pause begins
     for _ in range(COOLDOWN_TICKS):
         assert spec.guess(room=100, bar=0.0) == []
@@ -114,7 +114,7 @@ def test_a_sequence_whose_guesses_do_not_pay_pauses_then_probes_one_token() -> N
 
 def test_no_guess_not_even_a_probe_while_a_held_guess_would_not_pay() -> None:
     spec = Speculation(max_k=8)
-    spec.lookup.extend([5, 6, 7] * 10)
+    spec.heard([5, 6, 7] * 10)
     for _ in range(3 * MAX_PAUSE_TICKS):  # a draft model as slow as the model itself
         assert spec.wanted(room=100, bar=1.2) == 0
     assert (spec.cooldown, spec.guessed) == (0, 0)  # no pause begun: nothing to learn
