@@ -4,11 +4,12 @@ as resident memory.
 Starts a node (one engine, two frontends), lets it settle, then reads each process's
 utime + stime from /proc over a window with no requests, and its resident set (VmRSS) at
 the end. ``--baseline COMMIT`` measures that commit's code the same way first
-(``common.code_at``: its Python code on this tree's native build), and ``--flags`` are given
-to both nodes.
+(``common.code_at``: its Python code on this tree's native build, so only a commit whose
+native modules and flags match today's: one from before issue 32 does not start), and
+``--flags`` are given to both nodes.
 
     .venv/bin/python bench/idle_cpu.py [--seconds 30]
-    .venv/bin/python bench/idle_cpu.py --baseline 6e5134b --flags="--ctx-per-slot 512"
+    .venv/bin/python bench/idle_cpu.py --baseline f48e435 --flags="--ctx-per-slot 512"
 """
 
 from __future__ import annotations
