@@ -24,7 +24,7 @@ from .node import Node
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("error")]
 
 API_KEY = "sk-tinyserve-test"
-PING_S = 0.5  # --sse-ping-interval: a prefill of seconds gets several pings
+PING_S = 0.1  # --sse-ping-interval: a prefill of seconds gets many pings
 WEATHER_SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["C", "F"]}},
@@ -169,8 +169,8 @@ def test_a_wrong_key_is_refused(node: Node, model: str) -> None:
 
 
 async def test_a_long_prefill_is_kept_alive_with_pings(node: Node, model: str) -> None:
-    # ~1,500 prompt tokens: seconds of prefill on one thread, many times --sse-ping-interval.
-    words = " ".join(f"item{i}" for i in range(700))
+    # ~700 prompt tokens: seconds of prefill on one thread, many times --sse-ping-interval.
+    words = " ".join(f"item{i}" for i in range(200))
     body = {"model": model, "max_tokens": 2, "stream": True,
             "messages": [{"role": "user", "content": f"Count these: {words}"}]}  # fmt: skip
     headers = {"x-api-key": API_KEY}

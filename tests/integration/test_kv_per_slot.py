@@ -19,6 +19,7 @@ SLOTS, CTX_PER_SLOT = 4, 1024
 TOPICS = ["cats", "the sea", "bread", "trains", "winter", "music", "gardens", "stars"]
 QUESTIONS = ["Tell me something about {topic}.", "Why is that?", "Say more, briefly."]
 MODEL = "SmolLM2-135M-Instruct.Q4_1"  # the default model's id (its file name)
+FILLER = 28120  # a token of the default model's vocabulary ("hello")
 
 
 @pytest.fixture(scope="module")
@@ -110,11 +111,16 @@ async def test_the_context_a_request_may_fill_is_one_slots_cells(node: Node) -> 
         async with s.get(node.url + "/v1/models") as resp:
             model = (await resp.json())["data"][0]
         assert (model["max_model_len"], model["gpu_layers"]) == (CTX_PER_SLOT, 0)
-        body = {"model": model["id"], "prompt": "Once upon a time", "max_tokens": CTX_PER_SLOT}
+        # A prompt of token ids and a reply that fill every cell, then one token too many.
+        prompt = [FILLER] * (CTX_PER_SLOT - 8)
+        body = {"model": model["id"], "prompt": prompt, "max_tokens": 9}
         async with s.post(node.url + "/v1/completions", json=body) as resp:
             error = await resp.json()
             assert resp.status == 400, error
         assert str(CTX_PER_SLOT) in error["error"]["message"], error
-        body["max_tokens"] = CTX_PER_SLOT - 16
+        body.update(max_tokens=8, ignore_eos=True)
         async with s.post(node.url + "/v1/completions", json=body) as resp:
-            assert resp.status == 200, await resp.json()
+            reply = await resp.json()
+            assert resp.status == 200, reply
+        usage = reply["usage"]
+        assert (usage["prompt_tokens"], usage["completion_tokens"]) == (CTX_PER_SLOT - 8, 8)

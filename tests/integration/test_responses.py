@@ -46,7 +46,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     workdir = tmp_path_factory.mktemp("responses")
     (workdir / "keys").write_text(f"{API_KEY}\n")
     flags = ("--slots", "4", "--ctx-per-slot", "4096", "--api-key-file", str(workdir / "keys"))
-    running = Node(workdir, *flags, "--sse-ping-interval", "0.5").start()
+    running = Node(workdir, *flags, "--sse-ping-interval", "0.1").start()
     yield running
     assert running.stop() == 0
 
@@ -191,8 +191,8 @@ def test_an_agent_with_one_tool(node: Node, model: str) -> None:
 
 
 async def test_a_long_prefill_is_kept_alive(node: Node, model: str) -> None:
-    # ~1,500 prompt tokens: seconds of prefill on one thread, many times --sse-ping-interval.
-    words = " ".join(f"entry{i}" for i in range(700))
+    # ~700 prompt tokens: seconds of prefill on one thread, many times --sse-ping-interval.
+    words = " ".join(f"entry{i}" for i in range(200))
     body = {"model": model, "input": f"Count these: {words}", "max_output_tokens": 2,
             "stream": True}  # fmt: skip
     headers = {"Authorization": f"Bearer {API_KEY}"}
