@@ -205,9 +205,10 @@ class Sample:
 async def stream_openai(
     session: aiohttp.ClientSession, server: Server, route: str, body: dict[str, Any]
 ) -> Sample:
-    """POST an OpenAI streaming request; tokens from the closing usage, else one per chunk."""
+    """POST an OpenAI streaming request; tokens from the closing usage, else one per chunk.
+    Greedy unless ``body`` says its own temperature."""
     sample = Sample()
-    body = {**body, "model": server.model, "stream": True, "temperature": 0}
+    body = {"temperature": 0, **body, "model": server.model, "stream": True}
     body["stream_options"] = {"include_usage": True}
     sent = time.perf_counter()
     try:
