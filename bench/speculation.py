@@ -10,14 +10,15 @@ Workloads, each a closed loop of ``--concurrency`` clients sending greedy chat r
 - ``json``: a JSON record, then "return it unchanged" (fields echoed);
 - ``story``: a story to continue (text that does not repeat its input).
 
-``--temperature T`` makes them sampled requests (each with a seed of its own), where a guess
-holds with the chance the sampler gives it. ``--draft-model PATH`` adds the node guessing with
-that model (``--speculate draft``), and gives llama-server the same draft (``-md``) instead
-of its n-gram speculation.
+``--baseline COMMIT`` adds a node running that commit's code with its default speculation
+(``common.code_at``). ``--temperature T`` makes them sampled requests (each with a seed of
+its own), where a guess holds with the chance the sampler gives it. ``--draft-model PATH``
+adds the node guessing with that model (``--speculate draft``), and gives llama-server the
+same draft (``-md``) instead of its n-gram speculation.
 
 Figures per server and load: output tokens per second (all clients), TTFT p50, and the ratio
 against the node without speculation; from the speculating node's ``/metrics``, the share of
-guessed tokens accepted. Writes ``bench/results/speculation.csv``.
+guessed tokens accepted. Writes ``bench/results/speculation.csv`` (``--name``).
 
     .venv/bin/python bench/speculation.py
     .venv/bin/python bench/speculation.py --workloads extract,story --concurrency 1 --rounds 2
@@ -36,7 +37,7 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_csv
+from common import code_at, write_csv
 from vs_llama_server import (
     Run,
     Sample,
@@ -127,7 +128,15 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--draft-model", type=Path, default=None)
+    parser.add_argument("--name", default="speculation", help="the CSV's name in bench/results/")
+    parser.add_argument("--baseline", help="a commit whose code also runs, speculating")
     args = parser.parse_args()
+    with code_at(args.baseline) as baseline:
+        compare(args, baseline)
+
+
+def compare(args: argparse.Namespace, baseline: Path | None) -> None:
+    """Start the servers, run every workload at every concurrency, and print the ratios."""
     args.slo_ttft_ms, args.slo_tpot_ms = 2000.0, 100.0  # what ``figures`` reads
 
     from tinyserve.model import resolve_model_path
@@ -138,6 +147,8 @@ def main() -> None:
     args.tinyserve_flag = ["--speculate", "ngram"]
     on = start_tinyserve(args, model_path, name="tinyserve-ngram")
     servers = [off, on]
+    if baseline is not None:
+        servers.append(start_tinyserve(args, model_path, "tinyserve-ngram-before", baseline))
     if args.draft_model:
         args.tinyserve_flag = ["--draft-model", str(args.draft_model)]
         servers.append(start_tinyserve(args, model_path, name="tinyserve-draft"))
@@ -189,7 +200,7 @@ def main() -> None:
     finally:
         for server in servers:
             server.stop()
-    print(f"wrote {write_csv('speculation', rows)}")
+    print(f"wrote {write_csv(args.name, rows)}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Prompt-lookup speculation: a sequence's next tokens guessed from its own text.
 
-A sequence whose last few tokens (an n-gram, ``NGRAM_MAX`` down to ``NGRAM_MIN`` long) occurred
+A sequence whose last few tokens (an n-gram, the longest of ``NGRAMS`` that matches) occurred
 earlier in its prompt or output guesses that what followed them then follows now (vLLM's
 ``ngram`` speculator, llama.cpp's lookup decoding). The guesses ride as extra rows of the
 sequence in the tick's one ``llama_decode``; the runner samples those rows in order with the
@@ -19,13 +19,15 @@ guessed row is worth its ``per_row`` when the chance that its token is taken is 
 ``per_row * B / (fixed + per_row * B)``. On this project's 2-core CPU that bar is about 0.4
 for one sequence and 0.85 among eight; where a row costs little more than nothing (a GPU's
 small batches) it is near zero. Each sequence estimates, from its own recent
-guesses, the chance that a guessed token holds given the one before it did, and guesses as
-many tokens as keep the chance of reaching them above the bar (the j-th is reached with that
-chance to the power j). A sequence whose guesses do not pay stops guessing for
-``COOLDOWN_TICKS`` ticks, then tries one token to learn again; each pause that ends in no
-guess worth making doubles the next (up to ``MAX_PAUSE_TICKS``), so that probing costs next
-to nothing where text does not repeat. The scheduler gives guesses
-only the step's token budget left after every decode row and prefill chunk.
+guesses of each kind (a match of 12 tokens, of 6, ...: ``Odds``), the chance that a guessed
+token holds given the one before it did, and guesses as many tokens as keep the chance of
+reaching them above the bar (the j-th is reached with that chance to the power j): a long
+match guesses far where a 2-gram one, in the same text, may not pay at all. A kind whose
+guesses do not pay is skipped for its next ``FIRST_PAUSE`` guesses, then tries one token to
+learn again; each pause that ends in no guess worth making doubles the next (up to
+``MAX_PAUSE``), so that probing costs next to nothing where text does not repeat. The
+scheduler gives guesses only the step's token budget left after every decode row and prefill
+chunk.
 """
 
 from __future__ import annotations
@@ -34,10 +36,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-NGRAM_MAX = 3
-NGRAM_MIN = 2
-COOLDOWN_TICKS = 8  # the first pause; each one that ends in a guess not worth it doubles
-MAX_PAUSE_TICKS = 256
+# The n-gram lengths looked up, longest first. Each is a kind of guess with odds of its own:
+# the longer the text that matched, the likelier what followed it then follows now (on the
+# benchmark's story, 2-gram matches went on 37% of the time, 12-gram ones 99%).
+NGRAMS = (12, 6, 3, 2)
+DRAFT = 0  # the kind of a draft model's guesses
+# The odds each kind starts from, as (held, failed).
+PRIORS = {12: (6.0, 1.0), 6: (4.0, 1.0), 3: (2.0, 1.0), 2: (2.0, 1.0), DRAFT: (2.0, 1.0)}
+FIRST_PAUSE = 8  # guesses skipped; each pause that ends in a guess not worth it doubles
+MAX_PAUSE = 256
 # How fast old evidence fades: a sequence's guesses and the engine's step times, per update.
 DECAY = 0.7
 COST_DECAY = 0.995
@@ -48,12 +55,13 @@ CALIBRATION_WEIGHT = 20.0
 
 
 class Lookup:
-    """Where each n-gram of a token list last occurred, for ``NGRAM_MIN`` to ``NGRAM_MAX``:
-    the position of the token that followed it."""
+    """Where each n-gram of a token list last occurred, for each length in ``NGRAMS``: the
+    position of the token that followed it. Keys are the n-grams' hashes: two n-grams that
+    share one cost a wrong guess, which its check refuses, never a wrong token."""
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
-        self._next: dict[tuple[int, ...], int] = {}
+        self._next: dict[int, int] = {}
 
     def extend(self, tokens: list[int]) -> None:
         for token in tokens:
@@ -62,26 +70,36 @@ class Lookup:
     def _append(self, token: int) -> None:
         # Index the n-grams that end just before ``token``: each now has a follower.
         tokens, end = self.tokens, len(self.tokens)
-        for n in range(NGRAM_MIN, NGRAM_MAX + 1):
+        for n in NGRAMS:
             if end >= n:
-                self._next[tuple(tokens[end - n : end])] = end
+                self._next[hash((n, *tokens[end - n : end]))] = end
         tokens.append(token)
+
+    def match(self) -> tuple[int, int] | None:
+        """``(n, start)``: the longest n-gram the list ends with that occurred before, and
+        where what followed it then starts; None when none did."""
+        tokens, end = self.tokens, len(self.tokens)
+        for n in NGRAMS:
+            if end >= n:
+                start = self._next.get(hash((n, *tokens[end - n : end])))
+                if start is not None:
+                    return n, start
+        return None
+
+    def follow(self, start: int, k: int) -> list[int]:
+        """``k`` tokens from ``start`` on. A continuation that reaches the end of the list
+        goes on into the guess itself: text that repeats with a period repeats on."""
+        tokens, end = self.tokens, len(self.tokens)
+        guess = tokens[start : start + k]
+        while len(guess) < k:
+            guess.append(guess[len(guess) - (end - start)])
+        return guess
 
     def guess(self, k: int) -> list[int]:
         """``k`` tokens that followed the longest n-gram the list ends with, the last time it
-        occurred before (none when it never did). A continuation that reaches the end of the
-        list goes on into the guess itself: text that repeats with a period repeats on."""
-        tokens, end = self.tokens, len(self.tokens)
-        for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
-            if end < n:
-                continue
-            start = self._next.get(tuple(tokens[end - n : end]))
-            if start is not None:
-                guess = tokens[start : start + k]
-                while len(guess) < k:
-                    guess.append(guess[len(guess) - (end - start)])
-                return guess
-        return []
+        occurred before (none when it never did)."""
+        found = self.match()
+        return [] if found is None else self.follow(found[1], k)
 
 
 class StepCost:
@@ -134,32 +152,74 @@ class StepCost:
 
 
 @dataclass
-class Speculation:
-    """One sequence's guessing: its lookup, and what its recent guesses say of the next."""
+class Odds:
+    """What recent guesses of one kind say of the next: the chance that a guessed token
+    holds given that the one before it did, and the pauses of a kind that does not pay."""
 
-    max_k: int
-    lookup: Lookup | None = field(default_factory=Lookup)  # None: another source guesses
-    held: float = 2.0  # guessed tokens taken, decayed (a prior of two in three)
-    failed: float = 1.0  # guesses cut short by a wrong token, decayed
-    cooldown: int = 0  # ticks to go without guessing
-    pause: int = COOLDOWN_TICKS  # how long the next pause is
+    held: float  # guessed tokens taken, decayed (from a prior)
+    failed: float  # guesses cut short by a wrong token, decayed
+    cooldown: int = 0  # guesses of this kind to skip
+    pause: int = FIRST_PAUSE  # how long the next pause is
     probing: bool = False  # the cooldown is over: one token, whatever the bar
-    guessed: int = 0  # totals of what took() heard (the timeline keeps each step)
-    accepted: int = 0
 
     @property
     def chance(self) -> float:
         """The chance that a guessed token holds, given that the one before it did."""
         return self.held / (self.held + self.failed)
 
-    def length(self, bar: float) -> int:
+    def length(self, bar: float, max_k: int) -> int:
         """How many tokens to guess: as many as are reached with a chance above ``bar``."""
         q = self.chance
         if q <= bar or q <= 0:
             return 0
         if q >= 1 or bar <= 0:
-            return self.max_k
-        return min(self.max_k, math.floor(math.log(bar) / math.log(q)))
+            return max_k
+        return min(max_k, math.floor(math.log(bar) / math.log(q)))
+
+    def wanted(self, room: int, bar: float, max_k: int) -> int:
+        """How many tokens to guess, at most ``room``: none while cooling down or when no
+        guess would pay (which starts a cooldown); none at all, not even a probe, while the
+        bar is 1 or more (a guess that always held would not pay)."""
+        if bar >= 1:
+            return 0
+        if self.cooldown:
+            self.cooldown -= 1
+            self.probing = self.cooldown == 0
+            return 0
+        k = self.length(bar, max_k)
+        if k:
+            self.pause = FIRST_PAUSE  # guessing pays again
+        elif self.probing:
+            k = 1  # the pause is over: one token, to learn whether guessing pays again
+        else:
+            # A probe costs a row too: where text does not repeat, the pauses grow until
+            # the probes cost next to nothing.
+            self.cooldown, self.pause = self.pause, min(self.pause * 2, MAX_PAUSE)
+            return 0
+        return max(0, min(k, room))
+
+    def took(self, guessed: int, accepted: int) -> None:
+        self.probing = False
+        self.held = self.held * DECAY + accepted
+        self.failed = self.failed * DECAY + (accepted < guessed)
+
+
+@dataclass
+class Speculation:
+    """One sequence's guessing: its lookup, and the odds of each kind of guess it makes (a
+    match of each n-gram length, or the draft model's, ``DRAFT``)."""
+
+    max_k: int
+    lookup: Lookup | None = field(default_factory=Lookup)  # None: the draft model guesses
+    odds: dict[int, Odds] = field(init=False)  # by kind of guess
+    kind: int = field(init=False)  # the kind of this tick's guess
+    guessed: int = 0  # totals of what took() heard (the timeline keeps each step)
+    accepted: int = 0
+
+    def __post_init__(self) -> None:
+        kinds = NGRAMS if self.lookup is not None else (DRAFT,)
+        self.odds = {kind: Odds(*PRIORS[kind]) for kind in kinds}
+        self.kind = kinds[-1]
 
     def heard(self, tokens: list[int]) -> None:
         """``tokens`` are now the sequence's: the lookup indexes them (when it keeps one)."""
@@ -167,36 +227,21 @@ class Speculation:
             self.lookup.extend(tokens)
 
     def guess(self, room: int, bar: float) -> list[int]:
-        """This tick's guess from the lookup, at most ``room`` tokens (``wanted``)."""
+        """This tick's guess from the lookup, at most ``room`` tokens, as many as its kind
+        of match pays for (``Odds.wanted``)."""
         assert self.lookup is not None
-        return self.lookup.guess(self.wanted(room, bar))
+        found = self.lookup.match()
+        if found is None:
+            return []
+        self.kind, start = found
+        return self.lookup.follow(start, self.wanted(room, bar))
 
     def wanted(self, room: int, bar: float) -> int:
-        """How many tokens to guess this tick, at most ``room``: none while cooling down or
-        when no guess would pay (which starts a cooldown); none at all, not even a probe,
-        while the bar is 1 or more (a guess that always held would not pay)."""
-        if bar >= 1:
-            return 0
-        if self.cooldown:
-            self.cooldown -= 1
-            self.probing = self.cooldown == 0
-            return 0
-        k = self.length(bar)
-        if k:
-            self.pause = COOLDOWN_TICKS  # guessing pays again
-        elif self.probing:
-            k = 1  # the pause is over: one token, to learn whether guessing pays again
-        else:
-            # A probe costs a row too: among many sequences whose text does not repeat, the
-            # pauses grow until the probes cost next to nothing.
-            self.cooldown, self.pause = self.pause, min(self.pause * 2, MAX_PAUSE_TICKS)
-            return 0
-        return max(0, min(k, room))
+        """How many tokens to guess this tick with this sequence's current kind of guess."""
+        return self.odds[self.kind].wanted(room, bar, self.max_k)
 
     def took(self, guessed: int, accepted: int) -> None:
         """``accepted`` of the ``guessed`` tokens agreed with the model."""
         self.guessed += guessed
         self.accepted += accepted
-        self.probing = False
-        self.held = self.held * DECAY + accepted
-        self.failed = self.failed * DECAY + (accepted < guessed)
+        self.odds[self.kind].took(guessed, accepted)

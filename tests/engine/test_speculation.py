@@ -15,8 +15,9 @@ from tinyserve.engine.core import EngineCore
 from tinyserve.engine.runtime import LlamaRuntime
 from tinyserve.engine.speculation import (
     CALIBRATION_ROWS,
-    COOLDOWN_TICKS,
-    MAX_PAUSE_TICKS,
+    FIRST_PAUSE,
+    MAX_PAUSE,
+    NGRAMS,
     UNFITTED_BAR,
     Lookup,
     Speculation,
@@ -43,6 +44,18 @@ def test_a_guess_repeats_a_period_past_the_end() -> None:
     lookup = Lookup()
     lookup.extend([5, 6, 7, 5, 6, 7])
     assert lookup.guess(7) == [5, 6, 7, 5, 6, 7, 5]
+
+
+def test_the_longest_match_says_which_occurrence_goes_on() -> None:
+    passage = list(range(100, 112))  # 12 tokens
+    lookup = Lookup()
+    # The passage, then its last two tokens followed by something else, then the passage again.
+    lookup.extend([*passage, 1, 2, 3, *passage[-2:], 50, 51, 9, *passage])
+    # Its 2-gram last came before 50; the whole 12-gram only before 1, 2, 3.
+    assert lookup.match() == (12, 12)
+    assert lookup.guess(3) == [1, 2, 3]
+    lookup.extend([4])
+    assert lookup.match() is None
 
 
 def test_the_step_cost_is_fitted_from_steps_of_two_sizes() -> None:
@@ -82,42 +95,58 @@ def test_a_calibration_gives_the_slope_before_any_step_of_another_size() -> None
 def test_the_guess_length_follows_the_chance_of_holding_and_the_bar() -> None:
     spec = Speculation(max_k=8)
     spec.heard([5, 6, 7] * 10)
-    assert spec.chance == 2 / 3  # the prior
-    assert spec.length(bar=0.5) == 1  # (2/3)^1 > 0.5 > (2/3)^2
-    assert spec.length(bar=0.0) == 8
-    assert len(spec.guess(room=3, bar=0.0)) == 3  # never past the room it is given
+    odds = spec.odds[12]
+    assert odds.chance == 6 / 7  # the prior of a 12-token match
+    assert odds.length(bar=0.5, max_k=8) == 4  # (6/7)^4 > 0.5 > (6/7)^5
+    assert odds.length(bar=0.0, max_k=8) == 8
+    assert len(spec.guess(room=3, bar=0.0)) == 3 and spec.kind == 12  # never past its room
     for _ in range(20):
         spec.took(8, 8)
-    assert spec.chance > 0.95 and spec.length(bar=0.5) == 8
+    assert odds.chance > 0.95 and odds.length(bar=0.5, max_k=8) == 8
     for _ in range(40):  # old evidence fades
         spec.took(2, 0)
-    assert spec.length(bar=0.3) == 0
+    assert odds.length(bar=0.3, max_k=8) == 0
 
 
-def test_a_sequence_whose_guesses_do_not_pay_pauses_then_probes_one_token() -> None:
+def test_each_kind_of_match_has_odds_of_its_own() -> None:
+    spec = Speculation(max_k=8)
+    assert set(spec.odds) == set(NGRAMS)
+    spec.heard([1, 2, 9, 1, 2])  # the 2-gram [1, 2] matches, nothing longer
+    for _ in range(20):
+        assert spec.guess(room=100, bar=0.0)
+        assert spec.kind == 2
+        spec.took(4, 0)  # 2-gram guesses fail
+    assert spec.guess(room=100, bar=0.3) == []  # not worth it any more: a pause begins
+    spec.heard([3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13])
+    # A 12-token match is another kind: its own odds, its own length.
+    assert len(spec.guess(room=100, bar=0.3)) == spec.odds[12].length(0.3, 8) > 0
+    assert spec.kind == 12
+
+
+def test_a_kind_of_guess_that_does_not_pay_pauses_then_probes_one_token() -> None:
     spec = Speculation(max_k=8)
     spec.heard([5, 6, 7] * 10)
-    assert spec.guess(room=100, bar=0.9) == []  # 2/3 is under the bar: a pause begins
-    for _ in range(COOLDOWN_TICKS):
+    odds = spec.odds[12]
+    assert spec.guess(room=100, bar=0.95) == []  # 6/7 is under the bar: a pause begins
+    for _ in range(FIRST_PAUSE):
         assert spec.guess(room=100, bar=0.0) == []
-    assert len(spec.guess(room=100, bar=0.9)) == 1  # the probe, whatever the bar
+    assert len(spec.guess(room=100, bar=0.95)) == 1  # the probe, whatever the bar
     spec.took(1, 1)
-    assert spec.guess(room=100, bar=0.9) == []  # still not worth it: another pause, twice as long
-    for _ in range(2 * COOLDOWN_TICKS):
+    assert spec.guess(room=100, bar=0.95) == []  # still not worth it: another pause, twice as long
+    for _ in range(2 * FIRST_PAUSE):
         assert spec.guess(room=100, bar=0.0) == []
-    assert len(spec.guess(room=100, bar=0.9)) == 1
+    assert len(spec.guess(room=100, bar=0.95)) == 1
     assert (spec.guessed, spec.accepted) == (1, 1)
     spec.took(1, 1)
     assert len(spec.guess(room=100, bar=0.0)) == 8  # worth it again: pauses start short again
-    assert spec.pause == COOLDOWN_TICKS
+    assert odds.pause == FIRST_PAUSE
 
 
 def test_no_guess_not_even_a_probe_while_a_held_guess_would_not_pay() -> None:
-    spec = Speculation(max_k=8)
-    spec.heard([5, 6, 7] * 10)
-    for _ in range(3 * MAX_PAUSE_TICKS):  # a draft model as slow as the model itself
+    spec = Speculation(max_k=8, lookup=None)  # a draft model's guesses
+    for _ in range(3 * MAX_PAUSE):  # a draft model as slow as the model itself
         assert spec.wanted(room=100, bar=1.2) == 0
-    assert (spec.cooldown, spec.guessed) == (0, 0)  # no pause begun: nothing to learn
+    assert (spec.odds[spec.kind].cooldown, spec.guessed) == (0, 0)  # no pause: nothing learnt
     assert spec.wanted(room=100, bar=0.0) == 8
 
 
