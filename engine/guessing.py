@@ -86,6 +86,7 @@ class Guessing:
             if seq is not None:
                 self.step_cost.calibrate(functools.partial(self.time_rows, seq))
         bar = self.step_cost.bar(len(decoding), self._draft_per_token(len(decoding)))
+        apart = self.step_cost.apart(len(decoding))
         guesses: dict[int, tuple[int, ...]] = {}
         asks: list[Ask] = []
         for seq in decoding:
@@ -98,11 +99,11 @@ class Guessing:
                 seq.request.max_tokens - seq.generated - 1,
             )
             if self.draft_model is None:
-                guess = spec.guess(room, bar)
+                guess = spec.guess(room, bar, apart)
                 guesses[seq.slot] = tuple(guess)
                 spare -= len(guess)
                 continue
-            k = spec.wanted(room, bar)
+            k = spec.wanted(room, bar, apart)
             if k:
                 asks.append(Ask(seq.slot, seq.request.prompt_ids + seq.output_ids, k))
                 spare -= k

@@ -150,6 +150,19 @@ class StepCost:
         whole = fixed + per_row * batch
         return (per_row + extra) * batch / whole if whole > 0 else 0.0
 
+    def apart(self, batch: int) -> float:
+        """What a decode of its own costs the guesses of a step of ``batch`` decoding
+        sequences, in tokens' worth: with a KV stream per slot llama.cpp splits a batch into
+        ubatches of as many tokens from each sequence (``split_equal``), so the guesses of
+        one sequence among several are a ``llama_decode`` graph of their own, its fixed part
+        included. 0 for a lone sequence, whose guesses ride in its own ubatch."""
+        fitted = self.fit()
+        if fitted is None or batch <= 1:
+            return 0.0
+        fixed, per_row = fitted
+        whole = fixed + per_row * batch
+        return fixed * batch / whole if whole > 0 else 0.0
+
 
 @dataclass
 class Odds:
@@ -167,28 +180,35 @@ class Odds:
         """The chance that a guessed token holds, given that the one before it did."""
         return self.held / (self.held + self.failed)
 
-    def length(self, bar: float, max_k: int) -> int:
-        """How many tokens to guess: as many as are reached with a chance above ``bar``."""
+    def length(self, bar: float, max_k: int, apart: float = 0.0) -> int:
+        """How many tokens to guess: as many as are reached with a chance above ``bar``, if
+        the tokens they are expected to give beyond their rows' cost cover ``apart`` (the
+        cost of their own decode, ``StepCost.apart``); else none."""
         q = self.chance
         if q <= bar or q <= 0:
             return 0
-        if q >= 1 or bar <= 0:
-            return max_k
-        return min(max_k, math.floor(math.log(bar) / math.log(q)))
+        reached = max_k if q >= 1 or bar <= 0 else math.floor(math.log(bar) / math.log(q))
+        k = min(max_k, reached)
+        if apart > 0 and sum(q**j - bar for j in range(1, k + 1)) <= apart:
+            return 0
+        return k
 
-    def wanted(self, room: int, bar: float, max_k: int) -> int:
+    def wanted(self, room: int, bar: float, max_k: int, apart: float = 0.0) -> int:
         """How many tokens to guess, at most ``room``: none while cooling down or when no
         guess would pay (which starts a cooldown); none at all, not even a probe, while the
-        bar is 1 or more (a guess that always held would not pay)."""
+        bar is 1 or more (a guess that always held would not pay) or the guesses would need
+        a decode of their own (``apart``: a probe would cost its whole fixed part)."""
         if bar >= 1:
             return 0
         if self.cooldown:
             self.cooldown -= 1
             self.probing = self.cooldown == 0
             return 0
-        k = self.length(bar, max_k)
+        k = self.length(bar, max_k, apart)
         if k:
             self.pause = FIRST_PAUSE  # guessing pays again
+        elif apart > 0:
+            return 0
         elif self.probing:
             k = 1  # the pause is over: one token, to learn whether guessing pays again
         else:
@@ -226,7 +246,7 @@ class Speculation:
         if self.lookup is not None:
             self.lookup.extend(tokens)
 
-    def guess(self, room: int, bar: float) -> list[int]:
+    def guess(self, room: int, bar: float, apart: float = 0.0) -> list[int]:
         """This tick's guess from the lookup, at most ``room`` tokens, as many as its kind
         of match pays for (``Odds.wanted``)."""
         assert self.lookup is not None
@@ -234,11 +254,11 @@ class Speculation:
         if found is None:
             return []
         self.kind, start = found
-        return self.lookup.follow(start, self.wanted(room, bar))
+        return self.lookup.follow(start, self.wanted(room, bar, apart))
 
-    def wanted(self, room: int, bar: float) -> int:
+    def wanted(self, room: int, bar: float, apart: float = 0.0) -> int:
         """How many tokens to guess this tick with this sequence's current kind of guess."""
-        return self.odds[self.kind].wanted(room, bar, self.max_k)
+        return self.odds[self.kind].wanted(room, bar, self.max_k, apart)
 
     def took(self, guessed: int, accepted: int) -> None:
         """``accepted`` of the ``guessed`` tokens agreed with the model."""

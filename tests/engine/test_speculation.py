@@ -20,6 +20,7 @@ from tinyserve.engine.speculation import (
     NGRAMS,
     UNFITTED_BAR,
     Lookup,
+    Odds,
     Speculation,
     StepCost,
 )
@@ -159,6 +160,21 @@ def test_a_draft_models_decode_raises_the_bar_by_its_cost_per_guessed_token() ->
     assert cost.bar(1, extra=0.001) == pytest.approx(5 / 12)  # one ten times faster
 
 
+def test_guesses_among_several_sequences_pay_for_a_decode_of_their_own() -> None:
+    cost = StepCost()
+    for rows, seconds in [(1, 0.012), (9, 0.044)]:
+        cost.observe(rows, seconds, 20.0)  # fixed 8 ms, 4 ms a row
+    assert cost.apart(1) == 0  # a lone sequence's guesses ride in its own ubatch
+    assert cost.apart(8) == pytest.approx(8 * 0.008 / 0.040)  # the fixed part, in tokens
+    odds = Odds(held=98.0, failed=2.0)  # a guessed token holds 98% of the time
+    assert odds.length(cost.bar(8), 8) == 8  # their rows alone would pay among eight
+    assert odds.length(cost.bar(8), 8, cost.apart(8)) == 0  # with their own decode: not
+    assert odds.length(cost.bar(2), 8, cost.apart(2)) == 8  # among two they do
+    # Nor does a probe run among eight: it would cost a decode for one token.
+    assert odds.wanted(room=100, bar=0.95, max_k=8, apart=cost.apart(8)) == 0
+    assert (odds.cooldown, odds.probing) == (0, False)
+
+
 REPEATING = [
     "Copy this list exactly: apple, banana, cherry, apple, banana, cherry, apple, banana,",
     "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef",
@@ -173,6 +189,9 @@ class FreeRows(StepCost):
     machine's timings say."""
 
     def bar(self, batch: int, extra: float = 0.0) -> float:
+        return 0.0
+
+    def apart(self, batch: int) -> float:
         return 0.0
 
 
