@@ -95,12 +95,6 @@ class Lookup:
             guess.append(guess[len(guess) - (end - start)])
         return guess
 
-    def guess(self, k: int) -> list[int]:
-        """``k`` tokens that followed the longest n-gram the list ends with, the last time it
-        occurred before (none when it never did)."""
-        found = self.match()
-        return [] if found is None else self.follow(found[1], k)
-
 
 class StepCost:
     """A decode step's duration as ``fixed + per_row * rows``, fitted by least squares over

@@ -33,18 +33,21 @@ def test_a_guess_continues_the_last_occurrence_of_the_longest_ngram() -> None:
     lookup = Lookup()
     lookup.extend([1, 2, 3, 9, 9, 2, 3, 4, 5, 6, 7, 1, 2, 3])
     # [1, 2, 3] last occurred at the start, followed by 9, 9, 2; [2, 3] alone would say 4.
-    assert lookup.guess(3) == [9, 9, 2]
+    assert lookup.match() == (3, 3)
+    assert lookup.follow(3, 3) == [9, 9, 2]
     lookup.extend([8])
-    assert lookup.guess(3) == []  # [3, 8] and [2, 3, 8] never occurred before
+    assert lookup.match() is None  # [3, 8] and [2, 3, 8] never occurred before
     lookup.extend([2, 3])
-    assert lookup.guess(2) == [8, 2]  # [2, 3] came last before [8]; [3, 8, 2] is new
-    assert lookup.guess(5) == [8, 2, 3, 8, 2]  # past the end: the period repeats
+    assert lookup.match() == (2, 14)  # [2, 3] came last before [8]; [3, 8, 2] is new
+    assert lookup.follow(14, 2) == [8, 2]
+    assert lookup.follow(14, 5) == [8, 2, 3, 8, 2]  # past the end: the period repeats
 
 
 def test_a_guess_repeats_a_period_past_the_end() -> None:
     lookup = Lookup()
     lookup.extend([5, 6, 7, 5, 6, 7])
-    assert lookup.guess(7) == [5, 6, 7, 5, 6, 7, 5]
+    assert lookup.match() == (3, 3)
+    assert lookup.follow(3, 7) == [5, 6, 7, 5, 6, 7, 5]
 
 
 def test_the_longest_match_says_which_occurrence_goes_on() -> None:
@@ -54,7 +57,7 @@ def test_the_longest_match_says_which_occurrence_goes_on() -> None:
     lookup.extend([*passage, 1, 2, 3, *passage[-2:], 50, 51, 9, *passage])
     # Its 2-gram last came before 50; the whole 12-gram only before 1, 2, 3.
     assert lookup.match() == (12, 12)
-    assert lookup.guess(3) == [1, 2, 3]
+    assert lookup.follow(12, 3) == [1, 2, 3]
     lookup.extend([4])
     assert lookup.match() is None
 
