@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.engine.conftest import core_config
 from tests.engine.test_core import Driver
-from tests.engine.test_prefix_cache import chat, hand_over_instead
+from tests.engine.test_kv_space import chat, hand_over_instead
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
 
@@ -68,7 +68,7 @@ def main() -> None:
     d = driver()
     shifted = question[:1] + tokenize("Note:")[1:2] + question[1:]
     first(d, shifted)
-    hand_over_instead(d, shifted)
+    hand_over_instead(d, question)
     print("wrong reuse (shifted by one): " + compare(base, first(d, question)))
     runtime.close()
 
