@@ -9,12 +9,18 @@ the same positions (the cells after its context dropped again), so the context s
 is. Every sequence guesses the same ``k``, which keeps the step one ubatch (llama.cpp's
 ``split_equal`` takes as many tokens of each sequence into one).
 
+``--guessers G``: only the first ``G`` sequences guess, the others write their last token
+alone; the step is then two ubatches (``split_equal`` takes one token of each sequence into
+the first, the guesses into a second), the price ``StepCost.apart`` puts on a guess among
+several sequences.
+
 For each ``(B, context, k)``: the median step in ms; the ceiling ``(1 + k) * T(B, 0) / T(B, k)``,
 the speed-up were every guess right; and the speed-up at an acceptance rate ``a`` per guessed
 token (``--accept``), with ``(1 - a^(k+1)) / (1 - a)`` tokens expected per sequence and step.
 One fresh process per ``(B, context)``.
 
     .venv/bin/python bench/spec_ceiling.py --batch 1,8 --context 64,800 --max-k 8
+    .venv/bin/python bench/spec_ceiling.py --batch 8 --context 64 --max-k 4 --guessers 1
 """
 
 from __future__ import annotations
@@ -31,9 +37,10 @@ from throughput import _fill
 
 
 def step_times(
-    batch: int, context: int, max_k: int, steps: int, threads: int, cells: int
+    batch: int, context: int, max_k: int, steps: int, threads: int, cells: int, guessers: int
 ) -> list[float]:
-    """Median seconds of a step of ``batch * (1 + k)`` rows for k = 0 .. ``max_k``."""
+    """Median seconds of a step of ``batch`` rows and ``k`` more for each of the first
+    ``guessers`` sequences, for k = 0 .. ``max_k``."""
     import llama_cpp
 
     from tinyserve.engine.weights import model_params, repack_weights
@@ -58,7 +65,11 @@ def step_times(
             assert llama_cpp.llama_decode(lctx, lbatch) == 0
     medians = []
     for k in range(max_k + 1):
-        rows = [(1000 + j, context + j, seq, True) for seq in range(batch) for j in range(k + 1)]
+        rows = [
+            (1000 + j, context + j, seq, True)
+            for seq in range(batch)
+            for j in range(k + 1 if seq < guessers else 1)
+        ]
         timed = []
         for step in range(steps + 2):  # the first two warm the shapes up, untimed
             _fill(lbatch, rows)
@@ -89,26 +100,40 @@ def main() -> None:
     parser.add_argument("--accept", default="0.6,0.8", help="acceptance rates to price")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--ctx-per-slot", type=int, default=4096)
+    parser.add_argument("--guessers", type=int, help="how many sequences guess (default all)")
     args = parser.parse_args()
     accepts = [float(a) for a in args.accept.split(",")]
     table: list[dict[str, Any]] = []
     for batch in (int(b) for b in args.batch.split(",")):
         for context in (int(c) for c in args.context.split(",")):
-            numbers = (batch, context, args.max_k, args.steps, args.threads, args.ctx_per_slot)
+            guessers = batch if args.guessers is None else min(args.guessers, batch)
+            numbers = (
+                batch,
+                context,
+                args.max_k,
+                args.steps,
+                args.threads,
+                args.ctx_per_slot,
+                guessers,
+            )
             times = in_fresh_process("spec_ceiling", "step_times", *numbers)
             for k, seconds in enumerate(times):
                 row: dict[str, Any] = {
                     "batch": batch,
+                    "guessers": guessers,
                     "context": context,
                     "k": k,
                     "step_ms": round(seconds * 1000, 2),
-                    "ceiling": round((k + 1) * times[0] / seconds, 2),
+                    # tokens the step gives against the plain steps they would take
+                    "ceiling": round((batch + guessers * k) / batch * times[0] / seconds, 2),
                 }
                 for a in accepts:
-                    row[f"at_{a}"] = round(expected_tokens(k, a) * times[0] / seconds, 2)
+                    tokens = batch - guessers + guessers * expected_tokens(k, a)
+                    row[f"at_{a}"] = round(tokens / batch * times[0] / seconds, 2)
                 table.append(row)
                 print(" | ".join(str(v) for v in row.values()), flush=True)
-    path = write_csv("spec_ceiling", table)
+    name = "spec_ceiling" if args.guessers is None else f"spec_ceiling_guessers_{args.guessers}"
+    path = write_csv(name, table)
     print(f"wrote {path}")
 
 
