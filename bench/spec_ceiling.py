@@ -26,14 +26,13 @@ One fresh process per ``(B, context)``.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import statistics
 import time
 from typing import Any
 
 from common import in_fresh_process, write_csv
-from throughput import _fill
+from throughput import _fill, bare_llama
 
 
 def step_times(
@@ -43,46 +42,31 @@ def step_times(
     ``guessers`` sequences, for k = 0 .. ``max_k``."""
     import llama_cpp
 
-    from tinyserve.engine.weights import model_params, repack_weights
-    from tinyserve.model import resolve_model_path
-
-    quiet = llama_cpp.llama_log_callback(lambda *_: None)  # kept alive for the whole run
-    llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
-    model = llama_cpp.llama_model_load_from_file(
-        str(resolve_model_path(None)).encode(), model_params(repack_weights("auto"))
-    )
-    cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = batch * cells, 512, 512
-    cparams.n_seq_max, cparams.kv_unified = batch, False
-    cparams.n_threads = cparams.n_threads_batch = threads
-    lctx = llama_cpp.llama_init_from_model(model, cparams)
-    memory = llama_cpp.llama_get_memory(lctx)
-    lbatch = llama_cpp.llama_batch_init(512, 0, 1)
-    for seq in range(batch):  # each sequence's context, 512 tokens a decode
-        for start in range(0, context, 512):
-            n = min(512, context - start)
-            _fill(lbatch, [(1000 + (start + i) % 500, start + i, seq, False) for i in range(n)])
-            assert llama_cpp.llama_decode(lctx, lbatch) == 0
     medians = []
-    for k in range(max_k + 1):
-        rows = [
-            (1000 + j, context + j, seq, True)
-            for seq in range(batch)
-            for j in range(k + 1 if seq < guessers else 1)
-        ]
-        timed = []
-        for step in range(steps + 2):  # the first two warm the shapes up, untimed
-            _fill(lbatch, rows)
-            started = time.perf_counter()
-            assert llama_cpp.llama_decode(lctx, lbatch) == 0
-            if step >= 2:
-                timed.append(time.perf_counter() - started)
-            for seq in range(batch):
-                llama_cpp.llama_memory_seq_rm(memory, seq, context, -1)
-        medians.append(statistics.median(timed))
-    llama_cpp.llama_batch_free(lbatch)
-    llama_cpp.llama_free(lctx)
-    llama_cpp.llama_model_free(model)
+    with bare_llama(batch * cells, 512, batch, False, threads) as (lctx, lbatch):
+        memory = llama_cpp.llama_get_memory(lctx)
+        for seq in range(batch):  # each sequence's context, 512 tokens a decode
+            for start in range(0, context, 512):
+                n = min(512, context - start)
+                tokens = [(1000 + (start + i) % 500, start + i, seq, False) for i in range(n)]
+                _fill(lbatch, tokens)
+                assert llama_cpp.llama_decode(lctx, lbatch) == 0
+        for k in range(max_k + 1):
+            rows = [
+                (1000 + j, context + j, seq, True)
+                for seq in range(batch)
+                for j in range(k + 1 if seq < guessers else 1)
+            ]
+            timed = []
+            for step in range(steps + 2):  # the first two warm the shapes up, untimed
+                _fill(lbatch, rows)
+                started = time.perf_counter()
+                assert llama_cpp.llama_decode(lctx, lbatch) == 0
+                if step >= 2:
+                    timed.append(time.perf_counter() - started)
+                for seq in range(batch):
+                    llama_cpp.llama_memory_seq_rm(memory, seq, context, -1)
+            medians.append(statistics.median(timed))
     return medians
 
 

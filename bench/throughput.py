@@ -17,6 +17,8 @@ import ctypes
 import os
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import aiohttp
@@ -30,6 +32,36 @@ from common import (
 )
 
 PROMPT = "Write a story about a robot who learns to paint. Once upon a time,"
+
+
+@contextmanager
+def bare_llama(
+    n_ctx: int, n_batch: int, n_seq_max: int, unified: bool, threads: int
+) -> Iterator[tuple[Any, Any]]:
+    """The default model in a bare llama.cpp context, with no server: ``(context, batch)``, a
+    batch of ``n_batch`` rows, freed on exit. llama.cpp's logs are off; weights are repacked
+    as the engine decides (``--repack auto``); ``n_ubatch`` is ``n_batch``."""
+    import llama_cpp
+
+    from tinyserve.engine.weights import model_params, repack_weights
+    from tinyserve.model import resolve_model_path
+
+    quiet = llama_cpp.llama_log_callback(lambda *_: None)  # kept alive for the whole run
+    llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
+    mparams = model_params(repack_weights("auto"))
+    model = llama_cpp.llama_model_load_from_file(str(resolve_model_path(None)).encode(), mparams)
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = n_ctx, n_batch, n_batch
+    cparams.n_seq_max, cparams.kv_unified = n_seq_max, unified
+    cparams.n_threads = cparams.n_threads_batch = threads
+    lctx = llama_cpp.llama_init_from_model(model, cparams)
+    lbatch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+    try:
+        yield lctx, lbatch
+    finally:
+        llama_cpp.llama_batch_free(lbatch)
+        llama_cpp.llama_free(lctx)
+        llama_cpp.llama_model_free(model)
 
 
 def raw_ceiling(
@@ -50,43 +82,30 @@ def raw_ceiling(
     ones (as a parked prefix holds them in a unified cache); not timed."""
     import llama_cpp
 
-    from tinyserve.engine.weights import model_params, repack_weights
-    from tinyserve.model import resolve_model_path
-
-    quiet = llama_cpp.llama_log_callback(lambda *_: None)  # kept alive for the whole run
-    llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
-    mparams = model_params(repack_weights("auto"))
-    model = llama_cpp.llama_model_load_from_file(str(resolve_model_path(None)).encode(), mparams)
-    cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = ctx, 512, 512
-    cparams.n_seq_max = max(batch, 1) + (1 if parked else 0)
-    cparams.kv_unified = unified
-    cparams.n_threads = cparams.n_threads_batch = threads
-    lctx = llama_cpp.llama_init_from_model(model, cparams)
-    lbatch = llama_cpp.llama_batch_init(512, 0, 1)
-    for start in range(0, parked, 512):
-        n = min(512, parked - start)
-        _fill(lbatch, [(1000 + i % 500, start + i, batch, False) for i in range(n)])
+    n_seq_max = max(batch, 1) + (1 if parked else 0)
+    with bare_llama(ctx, 512, n_seq_max, unified, threads) as (lctx, lbatch):
+        for start in range(0, parked, 512):
+            n = min(512, parked - start)
+            _fill(lbatch, [(1000 + i % 500, start + i, batch, False) for i in range(n)])
+            assert llama_cpp.llama_decode(lctx, lbatch) == 0
+        samplers = [_greedy() for _ in range(batch)]
+        started = time.perf_counter()
+        prompt = [
+            (t, i, s, i == prompt_len - 1)
+            for s in range(batch)
+            for i, t in enumerate(range(1000, 1000 + prompt_len))
+        ]
+        _fill(lbatch, prompt)
         assert llama_cpp.llama_decode(lctx, lbatch) == 0
-    samplers = [_greedy() for _ in range(batch)]
-    started = time.perf_counter()
-    prompt = [
-        (t, i, s, i == prompt_len - 1)
-        for s in range(batch)
-        for i, t in enumerate(range(1000, 1000 + prompt_len))
-    ]
-    _fill(lbatch, prompt)
-    assert llama_cpp.llama_decode(lctx, lbatch) == 0
-    rows = [s * prompt_len + prompt_len - 1 for s in range(batch)]
-    for step in range(steps):
-        tokens = [llama_cpp.llama_sampler_sample(samplers[s], lctx, rows[s]) for s in range(batch)]
-        _fill(lbatch, [(tokens[s], prompt_len + step, s, True) for s in range(batch)])
-        assert llama_cpp.llama_decode(lctx, lbatch) == 0
-        rows = list(range(batch))
-    elapsed = time.perf_counter() - started
-    llama_cpp.llama_batch_free(lbatch)
-    llama_cpp.llama_free(lctx)
-    llama_cpp.llama_model_free(model)
+        rows = [s * prompt_len + prompt_len - 1 for s in range(batch)]
+        for step in range(steps):
+            tokens = [
+                llama_cpp.llama_sampler_sample(samplers[s], lctx, rows[s]) for s in range(batch)
+            ]
+            _fill(lbatch, [(tokens[s], prompt_len + step, s, True) for s in range(batch)])
+            assert llama_cpp.llama_decode(lctx, lbatch) == 0
+            rows = list(range(batch))
+        elapsed = time.perf_counter() - started
     return batch * steps / elapsed
 
 
