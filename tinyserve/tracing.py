@@ -41,7 +41,7 @@ class Tracing:
         self.provider = provider
         self.tracer: Tracer | None = provider.get_tracer(INSTRUMENTATION) if provider else None
         # OpenTelemetry stamps spans in wall-clock ns; our stamps are CLOCK_MONOTONIC.
-        self.wall_offset_ns = time.time_ns() - time.monotonic_ns()
+        self.wall_offset_ns = wall_offset_ns()
 
     @classmethod
     def with_processor(cls, processor: SpanProcessor, service: str) -> Tracing:
@@ -58,6 +58,20 @@ class Tracing:
         """Export what is still buffered; called once when the process stops."""
         if self.provider is not None:
             self.provider.shutdown()
+
+
+def wall_offset_ns(samples: int = 16) -> int:
+    """Wall-clock minus monotonic time, read between the closest of ``samples`` pairs of
+    monotonic reads: a preemption between two bare reads would shift every engine span by
+    as long as it lasted, ahead of the frontend span it belongs under."""
+    best_gap, best_offset = None, 0
+    for _ in range(samples):
+        before = time.monotonic_ns()
+        wall = time.time_ns()
+        after = time.monotonic_ns()
+        if best_gap is None or after - before < best_gap:
+            best_gap, best_offset = after - before, wall - (before + after) // 2
+    return best_offset
 
 
 def from_config(config: Config, process_name: str) -> Tracing:

@@ -11,7 +11,7 @@ import pytest
 
 from tinyserve.config import build_config
 from tinyserve.errors import TinyServeError
-from tinyserve.tracing import from_config
+from tinyserve.tracing import from_config, wall_offset_ns
 
 OTLP_INSTALLED = (
     importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is not None
@@ -54,3 +54,14 @@ def test_a_process_asked_for_otlp_without_it_exits_at_start_up(role: str, tmp_pa
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "needs the OTLP exporter package" in done.stderr
+
+
+def test_the_wall_offset_comes_from_the_closest_pair_of_monotonic_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The first sample is preempted for 5 ms between its reads; the second is 2 us wide.
+    monotonic = iter([1_000, 5_001_000, 10_000_000, 10_002_000])
+    wall = iter([7_000_000_000, 7_010_001_000])
+    monkeypatch.setattr("tinyserve.tracing.time.monotonic_ns", lambda: next(monotonic))
+    monkeypatch.setattr("tinyserve.tracing.time.time_ns", lambda: next(wall))
+    assert wall_offset_ns(samples=2) == 7_010_001_000 - 10_001_000
