@@ -1,20 +1,33 @@
-"""Count what one streaming request passes through in a frontend, before and after.
+"""Count what one streaming request passes through, before and after a change.
 
 The frontend runs unchanged against the test harness's stand-in engine
-(``tests/frontend/harness.py``: real sockets and board, scripted replies); a profile hook
-(``sys.setprofile`` and ``threading.setprofile``, so the tokenizer's executor thread counts)
-records every call between two of our modules while that one request is served, after one
-warm-up request, leaving out the link's own background tasks (heartbeat, board watch). Printed
-for each version: our modules whose code ran, distinct caller -> callee module pairs, calls
-across modules, and the classes of ours whose ``__init__`` ran (request-scoped or not: the list
-is printed so that a reader can judge). The code before is a commit (``--base``, default the
-last commit) in a temporary git worktree, imported as ``tinyserve`` through a tree of links
-(``parse_cost.package_tree``).
+(``tests/frontend/harness.py``: real sockets and board, scripted replies), or with
+``--engine real`` against the engine's own loop (``EngineProcess.serve``) on the default model
+in a thread of the same process. A profile hook (``sys.setprofile`` and
+``threading.setprofile`` from the start, so the tokenizer's and the engine loop's threads
+count) records, while that one request is served after one warm-up request: every call
+between two of our modules, leaving out the link's background tasks (heartbeat, board watch)
+and the engine's heartbeat thread; and every type of ours an instance of which was made.
+Printed for each version, the frontend's side and (``--engine real``) the engine's: our
+modules whose code ran, distinct caller -> callee module pairs, calls across modules, and the
+request-scoped types, on the side of the thread that made them.
+
+A type counts when its ``__init__``/``__post_init__`` ran (classes, dataclasses, pydantic
+models built in Python), a NamedTuple's ``__new__`` ran, or a pydantic model of ours came back
+from a call (the models pydantic-core builds from JSON and nests run no Python ``__init__``;
+they are found by walking the returned model). Types made only in Cython
+(``tinyserve_native``) are not seen. After the warm-up request, what is made once per process
+has been made, so what is made now is made for the request (or for a tick that serves it).
+
+The code before is a commit (``--base``, default the last commit) in a temporary git worktree,
+imported as ``tinyserve`` through a tree of links (``parse_cost.package_tree``).
 
     .venv/bin/python bench/request_path.py [--base COMMIT] [--route generate|chat]
+        [--engine fake|real] [--list]
 
 ``--route chat``: a streamed ``POST /v1/chat/completions`` of one user message (the chat
-template, the OpenAI stream writer) instead of ``POST /generate``.
+template, the OpenAI stream writer) instead of ``POST /generate``. With ``--engine real`` the
+reply is the model's, so the call counts move a little from run to run with its tokens.
 """
 
 from __future__ import annotations
@@ -30,17 +43,21 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from parse_cost import ROOT, package_tree
 
+ENGINE = "engine."  # tinyserve.engine.*: the engine's side of the module counts
+SIDES = {False: "frontend:", True: "engine:"}  # types: the thread that made them
+
 WORKER = r"""
 import asyncio, json, sys, tempfile, threading
 from collections import Counter
 from aiohttp.test_utils import TestClient, TestServer
+from pydantic import BaseModel
 from tests.frontend.harness import FakeEngine, wait_serving
 from tinyserve.config import build_config
 from tinyserve.frontend.http.app import build_app
 
 OURS = ("tinyserve.", "tests.frontend.harness")
 BACKGROUND = ("_watch", "_heartbeat", "_serve_one_engine", "_beat")
-calls, inits = Counter(), set()
+calls, types = Counter(), set()
 recording = False
 ROUTES = {
     "generate": ("/generate", {"prompt": "Once upon a time", "max_tokens": 4, "stream": True}),
@@ -60,14 +77,48 @@ def in_background(frame):
         frame = frame.f_back
     return False
 
-def hook(frame, event, arg):
-    if not recording or event != "call":
+def ours(cls):
+    return isinstance(cls, type) and cls.__module__.startswith("tinyserve.")
+
+def made(cls):
+    if ours(cls):  # on the side of the thread that made it: the engine's loop or not
+        side = "engine" if threading.current_thread().name == "engine-loop" else "frontend"
+        types.add(f"{side}:{cls.__module__}.{cls.__qualname__}")
+
+def walk(value, seen):
+    # The pydantic models of ours inside value (pydantic-core builds nested ones, and whole
+    # ones from JSON, without running any Python __init__).
+    if id(value) in seen:
         return
+    seen.add(id(value))
+    if isinstance(value, BaseModel):
+        made(type(value))
+        for name in type(value).model_fields:
+            walk(getattr(value, name), seen)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            walk(item, seen)
+    elif isinstance(value, dict):
+        for item in value.values():
+            walk(item, seen)
+
+def hook(frame, event, arg):
+    if not recording or threading.current_thread().name == "heartbeat":
+        return
+    if event == "return":
+        if isinstance(arg, BaseModel) and ours(type(arg)):
+            walk(arg, set())
+        return
+    if event != "call":
+        return
+    name, local = frame.f_code.co_name, frame.f_locals
+    if name in ("__init__", "__post_init__") and "self" in local:
+        made(type(local["self"]))  # a class of ours, a dataclass or a pydantic model
+    elif name in ("__new__", "<lambda>") and isinstance(local.get("_cls"), type):
+        made(local["_cls"])  # a NamedTuple (its __new__ is a lambda)
     callee = module_of(frame)
     if not callee.startswith("tinyserve."):
         return
-    if frame.f_code.co_name in ("__init__", "__post_init__") and "self" in frame.f_locals:
-        inits.add(f"{callee}.{type(frame.f_locals['self']).__name__}")
     caller = frame.f_back
     while caller is not None and not module_of(caller).startswith(OURS):
         caller = caller.f_back
@@ -75,38 +126,68 @@ def hook(frame, event, arg):
         return
     calls[(module_of(caller), callee)] += 1
 
+class RealEngine:
+    # The engine process's loop on the default model, in a thread of this process.
+
+    def __init__(self, config):
+        from tinyserve.engine.proc import EngineProcess
+        from tinyserve.rundir import prepare_runtime_dir
+        prepare_runtime_dir(config.runtime_dir)
+        self.process = EngineProcess(config)
+        self.process.start()
+        self.loop = threading.Thread(target=self.process.serve, name="engine-loop")
+
+    def start(self):
+        self.loop.start()
+        return self
+
+    async def stop(self):
+        import signal
+        self.process.request_stop(signal.SIGTERM, None)
+        await asyncio.to_thread(self.loop.join, 30)
+        self.process.close()
+
 async def main():
     global recording
+    route, engine_kind = sys.argv[1], sys.argv[2]
+    # Every thread (the tokenizer's, the engine loop's) from the start; inert until recording.
+    sys.setprofile(hook); threading.setprofile(hook)
     with tempfile.TemporaryDirectory() as tmp:
-        config = build_config({"runtime_dir": tmp, "max_tokens_limit": 256}, environ={})
-        engine = FakeEngine(config).start()
+        settings = {"runtime_dir": tmp, "max_tokens_limit": 256}
+        if engine_kind == "real":
+            settings.update({"slots": 1, "ctx_per_slot": 512, "threads": 1})
+        config = build_config(settings, environ={})
+        engine = (RealEngine(config) if engine_kind == "real" else FakeEngine(config)).start()
         try:
             async with TestClient(TestServer(build_app(config))) as client:
-                await wait_serving(client)
-                path, body = ROUTES[sys.argv[1]]
+                await wait_serving(client, timeout_s=60)
+                path, body = ROUTES[route]
+                if route == "chat":
+                    served = await (await client.get("/v1/models")).json()
+                    body = {**body, "model": served["data"][0]["id"]}
                 await (await client.post(path, json=body)).read()  # warm-up
-                sys.setprofile(hook); threading.setprofile(hook)
                 recording = True
-                await (await client.post(path, json=body)).read()
+                reply = await client.post(path, json=body)
+                await reply.read()
                 recording = False
-                sys.setprofile(None); threading.setprofile(None)
+                assert reply.status == 200, reply.status
         finally:
             await engine.stop()
     modules = sorted({m for pair in calls for m in pair if m.startswith("tinyserve.")})
     print(json.dumps({
         "modules": modules,
         "pairs": sorted(f"{a} -> {b}" for a, b in calls),
-        "calls": sum(calls.values()),
-        "inits": sorted(inits),
+        "calls": {f"{a} -> {b}": n for (a, b), n in calls.items()},
+        "types": sorted(types),
     }))
 
 asyncio.run(main())
 """
 
 
-def run(tree: Path, route: str) -> dict[str, Any]:
+def run(tree: Path, route: str, engine: str) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-c", WORKER, route],
+        [sys.executable, "-c", WORKER, route, engine],
         capture_output=True,
         text=True,
         cwd=tree,
@@ -124,11 +205,29 @@ def with_tests(tree: Path, source: Path) -> Path:
     return tree
 
 
+def side(result: dict[str, Any], engine: bool) -> dict[str, Any]:
+    """The frontend's (and shared modules') figures, or the engine's."""
+    on_side = lambda name: name.startswith(ENGINE) == engine  # noqa: E731
+    pairs = [p for p in result["pairs"] if on_side(p.split(" -> ")[0].split(".", 1)[1])]
+    return {
+        "modules": [m for m in result["modules"] if on_side(m.split(".", 1)[1])],
+        "pairs": pairs,
+        "calls": sum(result["calls"][p] for p in pairs),
+        "types": [t.split(":")[1] for t in result["types"] if t.startswith(SIDES[engine])],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="HEAD", help="the commit before (default: HEAD)")
     parser.add_argument("--route", choices=("generate", "chat"), default="generate")
-    parser.add_argument("--list", action="store_true", help="print the modules and classes")
+    parser.add_argument(
+        "--engine",
+        choices=("fake", "real"),
+        default="fake",
+        help="the test harness's stand-in engine, or the engine's loop on the default model",
+    )
+    parser.add_argument("--list", action="store_true", help="list the working tree's types")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         old_src = Path(tmp) / "old-src"
@@ -138,26 +237,29 @@ def main() -> None:
             check=True,
         )
         try:
-            old = run(with_tests(package_tree(old_src, Path(tmp) / "old"), old_src), args.route)
-            new = run(with_tests(package_tree(ROOT, Path(tmp) / "new"), ROOT), args.route)
+            trees = [(old_src, Path(tmp) / "old"), (ROOT, Path(tmp) / "new")]
+            old, new = (
+                run(with_tests(package_tree(src, dst), src), args.route, args.engine)
+                for src, dst in trees
+            )
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(old_src)], cwd=ROOT)
     path = "POST /generate" if args.route == "generate" else "POST /v1/chat/completions"
     print(f"before: {args.base}, after: the working tree; one streaming {path}")
-    print(f"{'':44s} {'before':>7s} {'after':>7s}")
-    for key, label in [
-        ("modules", "frontend + shared modules whose code ran"),
-        ("pairs", "distinct module -> module calls"),
-        ("calls", "calls across modules"),
-        ("inits", "classes of ours constructed"),
-    ]:
-        before, after = (r[key] if key == "calls" else len(r[key]) for r in (old, new))
-        print(f"{label:44s} {before:7d} {after:7d}")
-    if args.list:
-        for key in ("modules", "inits"):
-            gone = sorted(set(old[key]) - set(new[key]))
-            added = sorted(set(new[key]) - set(old[key]))
-            print(f"{key}: gone {gone}\n{key}: added {added}")
+    print(f"{'':50s} {'before':>7s} {'after':>7s}")
+    sides = [("frontend + shared", False)] + [("engine", True)] * (args.engine == "real")
+    for name, engine in sides:
+        before, after = side(old, engine), side(new, engine)
+        for key, label in [
+            ("modules", "modules whose code ran"),
+            ("pairs", "distinct module -> module calls"),
+            ("calls", "calls across modules"),
+            ("types", "request-scoped types of ours"),
+        ]:
+            figures = [r[key] if key == "calls" else len(r[key]) for r in (before, after)]
+            print(f"{name + ': ' + label:50s} {figures[0]:7d} {figures[1]:7d}")
+        if args.list:
+            print("\n".join(f"    {t}" for t in after["types"]))
 
 
 if __name__ == "__main__":

@@ -120,11 +120,6 @@ class OpenAIReply(OpenAIFormat):
         reply = body(**self.envelope(record), choices=choices, usage=total)
         return json_response(reply, headers=headers)
 
-    def envelope(self, record: RequestRecord) -> dict[str, Any]:
-        """The fields every reply and chunk carries around its choices."""
-        return {"id": self.surface.id_prefix + record.request_id, "created": self.created,
-                "model": self.model}  # fmt: skip
-
 
 def _message(parsed: ParsedReply) -> AssistantMessage:
     """A whole reply's message: no content when it is only tool calls."""
