@@ -31,7 +31,7 @@ from common import start_node, stream_request, write_csv
 from tinyserve import protocol
 from tinyserve.engine.events import EventFeed
 from tinyserve.engine.report import RULE_ARRIVAL, Batch, Grant, Load, TickReport
-from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.engine.sequence import Sequence, SequenceStatus
 
 PROMPT = "Write a story about a robot who learns to paint. Once upon a time,"
 
@@ -50,7 +50,7 @@ def in_process(n: int) -> dict[str, float]:
     tick = TickReport(load, {"f" * 32: updates}, batch=Batch(8, 8, 0, 8, 0.02))
     tick.grants = [Grant("r0", RULE_ARRIVAL, "default", 0, 0.01)]
     submit = protocol.Submit("r", "f" * 32, [1] * 60, protocol.SamplingParams(), 64)
-    slots = [Sequence(submit, i, status=Status.DECODE) for i in range(8)]
+    slots = [Sequence(submit, i, status=SequenceStatus.DECODE) for i in range(8)]
     waiting = [Sequence(submit, i) for i in range(10)]
     off = EventFeed()
     on = EventFeed()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from tinyserve.engine.heap_policy import HeapPolicy
 from tinyserve.engine.report import RULE_DEADLINE, Cause
-from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.engine.sequence import Sequence, SequenceStatus
 from tinyserve.protocol import (
     FINISH_DEADLINE_MISSED,
     FINISH_QUEUE_TIMEOUT,
@@ -41,7 +41,7 @@ def overdue(seq: Sequence, now: int, queue_s: float, total_s: float) -> tuple[st
     due = due_ns(seq.request)
     if due is not None and now > due:
         return FINISH_DEADLINE_MISSED, Cause.DEADLINE
-    if queue_s and seq.status is Status.WAITING and age > queue_s * 1e9:
+    if queue_s and seq.status is SequenceStatus.WAITING and age > queue_s * 1e9:
         return FINISH_QUEUE_TIMEOUT, Cause.QUEUE_TIMEOUT
     if total_s and age > total_s * 1e9:
         return FINISH_TIMEOUT, Cause.REQUEST_TIMEOUT

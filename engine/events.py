@@ -19,7 +19,7 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from tinyserve.engine.report import Load, TickReport
-from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.engine.sequence import Sequence, SequenceStatus
 from tinyserve.engine.timeline import Timeline
 from tinyserve.feed_protocol import FeedUpdate
 
@@ -201,7 +201,7 @@ def slot_state(seq: Sequence | None) -> dict[str, Any] | None:
         "request_id": seq.request_id,
         "tenant": request.tenant,
         "priority": request.priority,
-        "phase": "prefill" if seq.status is Status.PREFILL else "decode",
+        "phase": "prefill" if seq.status is SequenceStatus.PREFILL else "decode",
         "n_past": seq.n_past,
         "prompt_tokens": seq.prompt_len,
         "cached_tokens": seq.timeline.prefix_tokens,

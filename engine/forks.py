@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from tinyserve.engine.runtime import LlamaRuntime
-from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.engine.sequence import Sequence, SequenceStatus
 
 
 def follow(seq: Sequence, by_id: Mapping[str, Sequence]) -> None:
@@ -27,7 +27,7 @@ def follow(seq: Sequence, by_id: Mapping[str, Sequence]) -> None:
     leader = by_id.get(name) if name else None
     if leader is None or leader.request.prompt_ids != seq.request.prompt_ids:
         return
-    if leader.status in (Status.NEW, Status.FINISHED) or leader.leader is not None:
+    if leader.status in (SequenceStatus.NEW, SequenceStatus.FINISHED) or leader.leader is not None:
         return
     seq.leader = leader
     leader.followers.append(seq)
@@ -39,9 +39,9 @@ def on_grant(seq: Sequence, runtime: LlamaRuntime) -> None:
     leader = seq.leader
     if leader is None:
         return
-    if leader.status is Status.PREFILL:
+    if leader.status is SequenceStatus.PREFILL:
         return  # fork() takes it when the leader's prompt is in
-    if leader.status is Status.DECODE:
+    if leader.status is SequenceStatus.DECODE:
         shared = seq.prompt_len - 1
         runtime.share(leader.slot, seq.slot, shared)
         seq.n_past = shared
@@ -51,7 +51,7 @@ def on_grant(seq: Sequence, runtime: LlamaRuntime) -> None:
 
 def waiting(leader: Sequence) -> list[Sequence]:
     """The followers of ``leader`` that hold a slot and wait for its prefill."""
-    return [f for f in leader.followers if f.status is Status.PREFILL]
+    return [f for f in leader.followers if f.status is SequenceStatus.PREFILL]
 
 
 def fork(leader: Sequence, follower: Sequence, runtime: LlamaRuntime) -> None:

@@ -10,7 +10,7 @@ import heapq
 from collections.abc import Iterator
 
 from tinyserve.engine.report import RULE_ARRIVAL, RULE_PRIORITY
-from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.engine.sequence import Sequence, SequenceStatus
 
 
 class HeapPolicy:
@@ -40,7 +40,7 @@ class HeapPolicy:
     def pop_next(self) -> Sequence | None:
         while self._heap:
             _, seq = heapq.heappop(self._heap)
-            if seq.status is Status.WAITING:
+            if seq.status is SequenceStatus.WAITING:
                 self._waiting -= 1
                 return seq
         return None
@@ -49,14 +49,14 @@ class HeapPolicy:
         """Order does not depend on service received."""
 
     def remove(self, seq: Sequence) -> None:
-        if seq.status is Status.WAITING:
+        if seq.status is SequenceStatus.WAITING:
             self._waiting -= 1
 
     def __len__(self) -> int:
         return self._waiting
 
     def __iter__(self) -> Iterator[Sequence]:
-        return (seq for _, seq in self._heap if seq.status is Status.WAITING)
+        return (seq for _, seq in self._heap if seq.status is SequenceStatus.WAITING)
 
 
 class FifoPolicy(HeapPolicy):

@@ -18,7 +18,7 @@ from tinyserve.engine import prompt_logprobs
 from tinyserve.engine.report import Batch
 from tinyserve.engine.runtime import LlamaRuntime
 from tinyserve.engine.sampler import Sampler
-from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.engine.sequence import Sequence, SequenceStatus
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class Runner:
         if status == 0:
             self._compute(written)
         tokens = sum(c.row.n_tokens for c in written)
-        decoding = sum(c.row.n_tokens for c in written if c.row.seq.status is Status.DECODE)
+        decoding = sum(c.row.n_tokens for c in written if c.row.seq.status is SequenceStatus.DECODE)
         batch = Batch(len(written), tokens, tokens - decoding, decoding, elapsed)
         return Outcome(status, computed, batch)
 
@@ -140,7 +140,7 @@ class Runner:
     def _write(self, row: Row) -> Computed:
         seq, builder = row.seq, self.runtime.batch
         try:
-            if seq.status is Status.DECODE:
+            if seq.status is SequenceStatus.DECODE:
                 last = builder.add(seq.last_token, seq.n_past, seq.slot, True)
                 for i, token in enumerate(row.guess, seq.n_past + 1):
                     builder.add(token, i, seq.slot, True)  # its rows follow ``last``
@@ -160,7 +160,7 @@ class Runner:
         for item in written:
             seq = item.row.seq
             try:
-                if seq.status is Status.PREFILL and prompt_logprobs.wanted(seq):
+                if seq.status is SequenceStatus.PREFILL and prompt_logprobs.wanted(seq):
                     item.prompt_logprobs = prompt_logprobs.chunk_entries(
                         self.runtime, seq, item.logits_row, item.row.n_tokens
                     )

@@ -28,7 +28,7 @@ from tinyserve.engine.kv_space import KvSpace
 from tinyserve.engine.policies import Policy, make_policy
 from tinyserve.engine.report import Cause, Ended, Grant, Rejected
 from tinyserve.engine.runner import Computed, Outcome, Row, Runner, Sampled
-from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.engine.sequence import Sequence, SequenceStatus
 from tinyserve.engine.timeline import RecentTimelines, Timeline
 from tinyserve.errors import EngineFatalError, RequestError
 from tinyserve.logs import fields
@@ -101,7 +101,7 @@ class Scheduler:
             seq.order = self._arrivals
             seq.timeline.accept(self.tick, now, self._grants, len(self.running), len(self.policy))
             self.policy.add(seq)
-            seq.status = Status.WAITING
+            seq.status = SequenceStatus.WAITING
             self.drafts.accepted(request)
 
     def _rejection(self, request: Submit) -> str:
@@ -147,7 +147,7 @@ class Scheduler:
                 return
             # out of the queue from here (the policy counts it as running): a failure
             # before it holds its slot ends a request without one.
-            seq.status = Status.PREFILL
+            seq.status = SequenceStatus.PREFILL
             with self.serving(seq, "granting it a slot"):
                 self._grant(seq, free, now)
 
@@ -173,7 +173,7 @@ class Scheduler:
         (in grant order), then guesses in what budget is left; the rows go to llama.cpp in
         slot order, since it decodes rows of consecutive sequence ids in one pass and splits
         the batch wherever the order breaks."""
-        decoding = [seq for seq in self.running if seq.status is Status.DECODE]
+        decoding = [seq for seq in self.running if seq.status is SequenceStatus.DECODE]
         plan: list[Row] = []
         budget = min(self.config.max_batch_tokens, self.kv.runtime.batch.capacity)
         used = len(decoding)
@@ -220,7 +220,7 @@ class Scheduler:
             self._take_guessed(item, batch_size, now)
             return
         seq.n_past += n
-        if seq.status is Status.DECODE:
+        if seq.status is SequenceStatus.DECODE:
             seq.timeline.decode_tick(self.tick, batch_size, now)
         else:
             seq.timeline.prefill_chunk(self.tick, n, now, int(decode_s * 1e9))
@@ -230,8 +230,8 @@ class Scheduler:
                 return
         if item.sampled is None:
             return
-        if seq.status is Status.PREFILL:
-            seq.status = Status.DECODE
+        if seq.status is SequenceStatus.PREFILL:
+            seq.status = SequenceStatus.DECODE
             seq.timeline.first_token(now)
             self._fork(seq, item.logits_row, now)
             self.guessing.start(seq)
@@ -252,7 +252,7 @@ class Scheduler:
         for sampled in [item.sampled, *item.confirmed]:
             seq.n_past += 1
             self._take(seq, sampled)
-            if seq.status is Status.FINISHED:
+            if seq.status is SequenceStatus.FINISHED:
                 return
 
     def _fork(self, leader: Sequence, logits_row: int, now: int) -> None:
@@ -260,7 +260,7 @@ class Scheduler:
         for follower in forks.waiting(leader):
             with self.serving(follower, "copying its prompt from the choice that prefilled it"):
                 forks.fork(leader, follower, self.kv.runtime)
-                follower.status = Status.DECODE
+                follower.status = SequenceStatus.DECODE
                 follower.timeline.first_token(now)
                 self._take(follower, self.runner.sample(follower, logits_row))
 
@@ -284,7 +284,7 @@ class Scheduler:
     ) -> None:
         """End ``seq``: free its slot, then report. Only a broken invariant of the engine
         (the policy's state) raises here; a failing prefix cache does not."""
-        if seq.status is not Status.NEW:
+        if seq.status is not SequenceStatus.NEW:
             self.policy.remove(seq)
         forks.unfollow(seq)
         forks.release(seq)
@@ -293,7 +293,7 @@ class Scheduler:
             self.kv.finish(seq, served=reason != FINISH_ERROR)
             self.slots[seq.slot] = None
             self.running.remove(seq)
-        seq.status = Status.FINISHED
+        seq.status = SequenceStatus.FINISHED
         del self.by_id[seq.request_id]
         seq.timeline.end(reason, detail, self.tick, self.clock(), seq.generated)
         timeline = self._record(seq.timeline)
@@ -319,7 +319,7 @@ class Scheduler:
         except EngineFatalError:
             raise
         except Exception as exc:
-            if seq.status is Status.FINISHED:
+            if seq.status is SequenceStatus.FINISHED:
                 raise  # finishing it failed: an invariant of the whole engine is broken
             self.finish(seq, FINISH_ERROR, _log_failure(seq, step, exc))
 

@@ -11,7 +11,7 @@ from tinyserve.engine.timeline import Timeline
 from tinyserve.protocol import Submit
 
 
-class Status(enum.Enum):
+class SequenceStatus(enum.Enum):
     NEW = "new"  # being accepted: not in the policy's queue yet
     WAITING = "waiting"  # accepted, no slot yet
     PREFILL = "prefill"  # holds a slot, prompt not fully in its cells
@@ -25,7 +25,7 @@ class Sequence:
 
     request: Submit
     order: int = 0  # arrival order at the engine, the FIFO tie-breaker
-    status: Status = Status.NEW
+    status: SequenceStatus = SequenceStatus.NEW
     slot: int = -1
     n_past: int = 0  # tokens of this sequence in its slot's cells
     last_token: int = -1
@@ -64,6 +64,6 @@ class Sequence:
     @property
     def prefill_left(self) -> int:
         """Prompt tokens still to decode: none while waiting for a leader's prefill."""
-        if self.status is not Status.PREFILL or self.leader is not None:
+        if self.status is not SequenceStatus.PREFILL or self.leader is not None:
             return 0
         return self.prompt_len - self.n_past

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from tinyserve.engine.report import RULE_TENANT
-from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass
@@ -77,7 +77,7 @@ class WfqPolicy:
 
     def remove(self, seq: Sequence) -> None:
         tenant = self._tenants[seq.request.tenant]
-        if seq.status is Status.WAITING:
+        if seq.status is SequenceStatus.WAITING:
             tenant.waiting.remove(seq)
             self._waiting -= 1
         else:

@@ -1,8 +1,8 @@
 """Replies of ``POST /v1/messages``.
 
-JSON: a ``Message``. SSE, each event named by its type (Anthropic's stream): ``message_start``;
-per content block ``content_block_start``, its ``content_block_delta``s and
-``content_block_stop`` (text as it comes; a tool use whole, its input in one
+JSON: an ``AnthropicMessage``. SSE, each event named by its type (Anthropic's stream):
+``message_start``; per content block ``content_block_start``, its ``content_block_delta``s
+and ``content_block_stop`` (text as it comes; a tool use whole, its input in one
 ``input_json_delta``); then ``message_delta`` (stop reason, usage) and ``message_stop``. A
 ``ping`` is sent whenever the stream has been quiet for ``--sse-ping-interval`` (a long
 prefill), and with ``return_progress`` ``prompt_progress`` events report the prefill. A
@@ -26,13 +26,13 @@ from pydantic import BaseModel
 from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.streams import RequestStream
 from tinyserve.frontend.models.anthropic_replies import (
+    AnthropicMessage,
     AnthropicUsage,
     ContentBlock,
     ContentBlockDelta,
     ContentBlockStart,
     ContentBlockStop,
     InputJsonDelta,
-    Message,
     MessageDelta,
     MessagesProgress,
     MessageStart,
@@ -96,10 +96,10 @@ class AnthropicReply:
         content: list[ContentBlock],
         stop: tuple[StopReason, str | None] | None,
         usage: AnthropicUsage,
-    ) -> Message:
+    ) -> AnthropicMessage:
         """The reply, or with no content nor ``stop`` a stream's opening."""
         reason, sequence = stop if stop is not None else (None, None)
-        return Message(
+        return AnthropicMessage(
             id=ID_PREFIX + record.request_id, model=self.model, content=content,
             stop_reason=reason, stop_sequence=sequence, usage=usage,
         )  # fmt: skip

@@ -74,8 +74,8 @@ _GENERATION_ERRORS = (400, 404, 415, 429, 500, 503)
 OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/generate", "Generate a completion (native API)", native.GenerateReply,
               native.GenerateRequest, native.GenerateEvent, (400, 415, 429, 500, 503)),
-    Operation("get", "/health", "200 while the process runs", native.Status),
-    Operation("get", "/ready", "200 once an engine serves this frontend", native.Status,
+    Operation("get", "/health", "200 while the process runs", native.HealthReply),
+    Operation("get", "/ready", "200 once an engine serves this frontend", native.HealthReply,
               errors=(503,)),
     Operation("get", "/v1/models", "The served model", openai_replies.ModelList, errors=(503,),
               error_schema=OpenAIError),
@@ -95,7 +95,7 @@ OPERATIONS: tuple[Operation, ...] = (
               embeddings.EmbeddingsReply, embeddings.EmbeddingsRequest,
               errors=(400, 404, 415, 429, 500, 503), error_schema=OpenAIError),
     Operation("post", "/v1/messages", "Anthropic Messages (events named by their type)",
-              anthropic_replies.Message, anthropic_requests.MessagesRequest,
+              anthropic_replies.AnthropicMessage, anthropic_requests.MessagesRequest,
               anthropic_replies.MessagesEvent, _GENERATION_ERRORS, AnthropicError),
     Operation("post", "/v1/messages/count_tokens", "The prompt tokens of an Anthropic Messages "
               "request", anthropic_replies.TokenCount, anthropic_requests.CountTokensRequest,

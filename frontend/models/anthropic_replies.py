@@ -1,6 +1,6 @@
-"""Reply bodies of ``POST /v1/messages`` (a ``Message``, or the events of its stream) and
-``POST /v1/messages/count_tokens``, in Anthropic's shapes (docs.anthropic.com, Messages and
-Streaming Messages). Errors: ``errors.AnthropicError``."""
+"""Reply bodies of ``POST /v1/messages`` (an ``AnthropicMessage``, Anthropic's ``Message``, or
+the events of its stream) and ``POST /v1/messages/count_tokens``, in Anthropic's shapes
+(docs.anthropic.com, Messages and Streaming Messages). Errors: ``errors.AnthropicError``."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class ToolUseContent(Reply):
 ContentBlock = TextContent | ToolUseContent
 
 
-class Message(Reply):
+class AnthropicMessage(Reply):
     """The whole reply; also, empty and without a stop reason, a stream's ``message_start``."""
 
     id: str
@@ -63,7 +63,7 @@ class Message(Reply):
 
 class MessageStart(Reply):
     type: Literal["message_start"] = "message_start"
-    message: Message
+    message: AnthropicMessage
 
 
 class ContentBlockStart(Reply):

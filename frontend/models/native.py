@@ -101,13 +101,13 @@ class _Final(Reply):
     )
 
 
-class TokenLogprob(Reply):
+class NativeTokenLogprob(Reply):
     token_id: int
     logprob: float
 
 
-class PromptTokenLogprob(TokenLogprob):
-    top_logprobs: list[TokenLogprob] = Field(description="the likeliest tokens, best first")
+class PromptTokenLogprob(NativeTokenLogprob):
+    top_logprobs: list[NativeTokenLogprob] = Field(description="the likeliest tokens, best first")
 
 
 class GenerateReply(_Final):
@@ -147,6 +147,6 @@ class GenerateEvent(RootModel[GenerateDelta | GenerateProgress | GenerateReply |
     """The data of one event of a ``/generate`` stream."""
 
 
-class Status(Reply):
+class HealthReply(Reply):
     status: str
     model: str | None = Field(default=None, exclude_if=is_none)

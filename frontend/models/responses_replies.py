@@ -11,7 +11,7 @@ from pydantic import Field, RootModel
 from tinyserve.frontend.models.common import Reply
 from tinyserve.frontend.models.progress import PromptProgress
 
-Status = Literal["in_progress", "completed", "incomplete", "failed"]
+ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed"]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 
@@ -94,7 +94,7 @@ class Response(Reply):
     id: str
     object: Literal["response"] = "response"
     created_at: int
-    status: Status
+    status: ResponseStatus
     model: str
     output: list[OutputItem]
     error: ResponseError | None = None

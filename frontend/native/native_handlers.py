@@ -14,7 +14,7 @@ from aiohttp import web
 
 from tinyserve.config import Config
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.native import GenerateRequest, Status
+from tinyserve.frontend.models.native import GenerateRequest, HealthReply
 from tinyserve.frontend.models.parse import read_body
 from tinyserve.frontend.native.native_reply import native_reply
 from tinyserve.frontend.request import admission, pipeline
@@ -26,7 +26,7 @@ from tinyserve.metrics import CONTENT_TYPE
 
 async def health(request: web.Request) -> web.Response:
     """200 while the process runs, whatever the engine's state."""
-    return json_response(Status(status="ok"))
+    return json_response(HealthReply(status="ok"))
 
 
 async def ready(request: web.Request) -> web.Response:
@@ -38,7 +38,7 @@ async def ready(request: web.Request) -> web.Response:
         raise admission.no_engine(unready or "engine board unreadable")
     if load.draining:
         raise admission.engine_draining(load)
-    return json_response(Status(status="ready", model=ack.model_name))
+    return json_response(HealthReply(status="ready", model=ack.model_name))
 
 
 async def metrics(request: web.Request) -> web.Response:

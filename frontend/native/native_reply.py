@@ -23,9 +23,9 @@ from tinyserve.frontend.models.native import (
     GenerateProgress,
     GenerateReply,
     NativeFinishReason,
+    NativeTokenLogprob,
     NativeUsage,
     PromptTokenLogprob,
-    TokenLogprob,
 )
 from tinyserve.frontend.openai.openai_logprobs import finite
 from tinyserve.frontend.request.admission import ending_error
@@ -144,7 +144,7 @@ def _prompt_logprobs(
         PromptTokenLogprob(
             token_id=token,
             logprob=finite(logprob),
-            top_logprobs=[TokenLogprob(token_id=int(t), logprob=finite(lp)) for t, lp in top],
+            top_logprobs=[NativeTokenLogprob(token_id=int(t), logprob=finite(lp)) for t, lp in top],
         )
         for token, (logprob, top) in zip(record.prompt_ids[1:], entries, strict=False)
     ]

@@ -43,8 +43,8 @@ from tinyserve.frontend.models.responses_replies import (
     Response,
     ResponseError,
     ResponsesProgress,
+    ResponseStatus,
     ResponsesUsage,
-    Status,
 )
 from tinyserve.frontend.models.responses_requests import FunctionChoice, ResponsesRequest
 from tinyserve.frontend.openai.chat_output import ChatEvents, Ending, collect_ending
@@ -86,7 +86,7 @@ class ResponsesReply:
     def response(
         self,
         record: RequestRecord,
-        status: Status,
+        status: ResponseStatus,
         output: list[OutputItem],
         usage: ResponsesUsage | None = None,
         error: ApiError | None = None,
@@ -126,7 +126,7 @@ def _echoed(req: ResponsesRequest, generation: Generation) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def message(record: RequestRecord, text: str | None, status: Status) -> OutputMessage:
+def message(record: RequestRecord, text: str | None, status: ResponseStatus) -> OutputMessage:
     """The message item: with ``text`` None, as it starts (no content yet)."""
     if text is None:
         return OutputMessage(
@@ -145,7 +145,7 @@ def function_call(call: ToolCall, status: Any, arguments: str | None = None) -> 
     )  # fmt: skip
 
 
-def _status(ending: Ending) -> Status:
+def _status(ending: Ending) -> ResponseStatus:
     return "incomplete" if ending.reason == "length" else "completed"
 
 
@@ -171,7 +171,7 @@ class _ResponseEvents(ChatEvents):
         self._sequence += 1
         return sse_event(body, body.type)
 
-    def _lifecycle(self, kind: str, status: Status, **fields: Any) -> bytes:
+    def _lifecycle(self, kind: str, status: ResponseStatus, **fields: Any) -> bytes:
         response = self._reply.response(self.record, status, list(self._items), **fields)
         return self._event(Lifecycle, type=kind, response=response)
 
@@ -207,7 +207,7 @@ class _ResponseEvents(ChatEvents):
                            part=OutputTextContent(text=""), **where)  # fmt: skip
         return [added, part]
 
-    def _close_message(self, status: Status) -> list[bytes]:
+    def _close_message(self, status: ResponseStatus) -> list[bytes]:
         text = self.output.text
         item = message(self.record, text, status)
         where = {"item_id": item.id, "output_index": self._index(), "content_index": 0}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tinyserve.engine.drain import DrainRate
-from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.engine.sequence import Sequence, SequenceStatus
 from tinyserve.protocol import SamplingParams, Submit
 
 S = 1_000_000_000  # ns
@@ -15,7 +15,7 @@ SLOTS = 8
 
 def running(max_tokens: int, generated: int = 0, prompt: int = 8, n_past: int = 8) -> Sequence:
     request = Submit("r", "f" * 32, list(range(prompt)), SamplingParams(), max_tokens, arrival_ns=0)
-    status = Status.DECODE if n_past >= prompt else Status.PREFILL
+    status = SequenceStatus.DECODE if n_past >= prompt else SequenceStatus.PREFILL
     return Sequence(request, status=status, n_past=n_past, output_ids=[1] * generated)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tinyserve.engine import events
 from tinyserve.engine.events import EventFeed
 from tinyserve.engine.report import Batch, Cause, Ended, Grant, Load, Rejected, TickReport
-from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.engine.sequence import Sequence, SequenceStatus
 from tinyserve.engine.timeline import Timeline
 from tinyserve.protocol import (
     REJECT_QUEUE_FULL,
@@ -27,7 +27,7 @@ def submit(request_id: str, tenant: str = "a", priority: int = 0, prompt: int = 
                   priority=priority, tenant=tenant, arrival_ns=0)  # fmt: skip
 
 
-def seq(request_id: str, status: Status, **kw: object) -> Sequence:
+def seq(request_id: str, status: SequenceStatus, **kw: object) -> Sequence:
     return Sequence(submit(request_id, **kw), status=status)  # type: ignore[arg-type]
 
 
@@ -87,11 +87,11 @@ def test_ticks_are_folded_into_one_update_per_interval() -> None:
 def test_an_update_carries_slots_queue_and_blocks_and_survives_the_wire() -> None:
     feed = EventFeed("priority")
     feed.lease("f" * 32, 5.0, now=0)
-    running = seq("r1", Status.PREFILL, tenant="t1", prompt=40)
+    running = seq("r1", SequenceStatus.PREFILL, tenant="t1", prompt=40)
     running.slot, running.n_past = 1, 16
-    waiting = [seq("w1", Status.WAITING, tenant="t2", priority=3),
-               seq("w2", Status.WAITING, tenant="t2", priority=3),
-               seq("w3", Status.WAITING, tenant="t1")]  # fmt: skip
+    waiting = [seq("w1", SequenceStatus.WAITING, tenant="t2", priority=3),
+               seq("w2", SequenceStatus.WAITING, tenant="t2", priority=3),
+               seq("w3", SequenceStatus.WAITING, tenant="t1")]  # fmt: skip
     update = feed.take(10, [None, running], waiting, LOAD)
     assert update.slots[0] is None
     assert update.slots[1] == {

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinyserve.engine.policies import Policy, make_policy
-from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.engine.sequence import Sequence, SequenceStatus
 from tinyserve.engine.srpt import SrptPolicy, work
 from tinyserve.engine.wfq import WfqPolicy
 from tinyserve.protocol import SamplingParams, Submit
@@ -41,19 +41,19 @@ def seq(
         arrival_ns=arrival_ns,
         deadline_ms=deadline_ms,
     )
-    return Sequence(request, order=n, status=Status.WAITING)  # as the scheduler accepts it
+    return Sequence(request, order=n, status=SequenceStatus.WAITING)  # as the scheduler accepts it
 
 
 def admit(policy: Policy) -> Sequence | None:
     s = policy.pop_next()
     if s is not None:
-        s.status = Status.DECODE  # what the core does when it grants the slot
+        s.status = SequenceStatus.DECODE  # what the core does when it grants the slot
     return s
 
 
 def finish(policy: Policy, s: Sequence) -> None:
     policy.remove(s)
-    s.status = Status.FINISHED
+    s.status = SequenceStatus.FINISHED
 
 
 def test_fifo_admits_in_arrival_order() -> None:
@@ -82,7 +82,7 @@ def test_priority_starves_low_priority_while_high_keeps_coming() -> None:
     for _ in range(50):  # one slot; a new high-priority request arrives each time it frees
         policy.add(seq(priority=5))
         assert admit(policy) is not low
-    assert len(policy) == 1 and low.status is Status.WAITING
+    assert len(policy) == 1 and low.status is SequenceStatus.WAITING
 
 
 @pytest.mark.parametrize("name", POLICIES)
@@ -241,7 +241,7 @@ def test_srpt_without_aging_starves_a_long_request() -> None:
     for _ in range(100):  # one slot; a short request arrives each time it frees
         policy.add(seq(tokens=5))
         assert admit(policy) is not long
-    assert long.status is Status.WAITING
+    assert long.status is SequenceStatus.WAITING
 
 
 @settings(deadline=None)  # a busy machine; at most a few thousand arrivals per example

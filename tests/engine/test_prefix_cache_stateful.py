@@ -31,7 +31,7 @@ from tinyserve import protocol as p
 from tinyserve.config import build_config
 from tinyserve.engine.core import EngineCore
 from tinyserve.engine.host_cache import TIER_HOST, TIER_SLOT, HostCache
-from tinyserve.engine.sequence import Status
+from tinyserve.engine.sequence import SequenceStatus
 
 BLOCK = 4
 FRONTEND = "f" * 32
@@ -144,7 +144,7 @@ class CachedEngine:
             if seq is None:
                 assert cells == dict(enumerate(kept[slot])), f"free slot {slot}"
             else:
-                assert seq.status in (Status.PREFILL, Status.DECODE)
+                assert seq.status in (SequenceStatus.PREFILL, SequenceStatus.DECODE)
                 assert cells == dict(enumerate(seq.kv_tokens())), f"slot {slot}"
 
     def check_cache(self) -> None:

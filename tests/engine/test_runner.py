@@ -10,7 +10,7 @@ import pytest
 from tinyserve import protocol as p
 from tinyserve.engine.runner import Row, Runner
 from tinyserve.engine.runtime import LlamaRuntime
-from tinyserve.engine.sequence import Sequence, Status
+from tinyserve.engine.sequence import Sequence, SequenceStatus
 from tinyserve.errors import RequestError
 
 FRONTEND = "f" * 32
@@ -31,7 +31,7 @@ def started(runner: Runner, slot: int, prompt: list[int], **request: object) -> 
     logprobs = int(request.pop("logprobs", -1))  # type: ignore[call-overload]
     sampling = p.SamplingParams(logprobs=logprobs)
     submit = p.Submit(f"r{slot}", FRONTEND, prompt, sampling, 8, **request)  # type: ignore[arg-type]
-    seq = Sequence(submit, status=Status.PREFILL, slot=slot)
+    seq = Sequence(submit, status=SequenceStatus.PREFILL, slot=slot)
     runner.start(seq)
     return seq
 
@@ -60,7 +60,7 @@ def test_a_rows_failure_comes_back_with_it_and_the_other_rows_are_computed(
     )
     # It decides nothing: where each request stands is the scheduler's to change.
     for seq in (good, too_many, bad):
-        assert (seq.status, seq.n_past, seq.output_ids) == (Status.PREFILL, 0, [])
+        assert (seq.status, seq.n_past, seq.output_ids) == (SequenceStatus.PREFILL, 0, [])
 
 
 def test_it_samples_and_scores_only_what_a_row_asks(runner: Runner) -> None:

@@ -156,7 +156,7 @@ async def test_several_choices_and_tokenizer_replies_conform(
 
 
 async def test_other_replies_conform(served: Client) -> None:
-    gets = [("/health", "Status"), ("/ready", "Status"), ("/v1/models", "ModelList"),
+    gets = [("/health", "HealthReply"), ("/ready", "HealthReply"), ("/v1/models", "ModelList"),
             ("/tokenizer_info", "TokenizerInfo")]  # fmt: skip
     for path, schema in gets:
         reply = await served.get(path)
@@ -168,9 +168,9 @@ TOOL_CALL = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
 ANTHROPIC = {"model": "fake", "max_tokens": 8, "messages": CHAT["messages"]}
 RESPONSES = {"model": "fake", "input": "Hi"}
 NAMED_EVENTS_CASES = [
-    ("/v1/messages", ANTHROPIC, "Message", "MessagesEvent"),
+    ("/v1/messages", ANTHROPIC, "AnthropicMessage", "MessagesEvent"),
     ("/v1/messages", {**ANTHROPIC, "tools": [{"name": "f", "input_schema": {"type": "object"}}]},
-     "Message", "MessagesEvent"),
+     "AnthropicMessage", "MessagesEvent"),
     ("/v1/responses", RESPONSES, "Response", "ResponsesEvent"),
     ("/v1/responses", {**RESPONSES, "tools": [{"type": "function", "name": "f"}]}, "Response",
      "ResponsesEvent"),
