@@ -202,7 +202,7 @@ class NoneChoice(Body):
     type: Literal["none"]
 
 
-ToolChoice = Annotated[
+AnthropicToolChoice = Annotated[
     Annotated[AutoChoice, Tag(tag("auto"))]
     | Annotated[AnyChoice, Tag(tag("any"))]
     | Annotated[NamedChoice, Tag(tag("tool"))]
@@ -261,7 +261,7 @@ class AnthropicConversation(Request):
     tools: list[AnthropicTool] = Field(
         [], description="client tools the model may use, each name once"
     )
-    tool_choice: ToolChoice | None = Field(
+    tool_choice: AnthropicToolChoice | None = Field(
         None,
         description="auto (the default with tools), any, a named tool (one of tools), or none",
     )

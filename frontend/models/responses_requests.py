@@ -183,7 +183,7 @@ class FunctionChoice(Body):
     name: FunctionName
 
 
-ToolChoice = Literal["none", "auto", "required"] | FunctionChoice
+ResponsesToolChoice = Literal["none", "auto", "required"] | FunctionChoice
 
 
 class TextFormatText(Body):
@@ -246,7 +246,7 @@ class ResponsesRequest(Sampling):
     input: Input = Field(description="text, or a list of messages and function call items")
     instructions: Text | None = Field(None, description="the system message, before 'input'")
     tools: list[FunctionTool] = Field([], description="functions the model may call")
-    tool_choice: ToolChoice | None = Field(
+    tool_choice: ResponsesToolChoice | None = Field(
         None, description="none, auto (the default with tools), required, or a function"
     )
     parallel_tool_calls: bool = Field(True, description="the reply may hold several calls")
