@@ -28,6 +28,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, valu
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from tinyserve.options import ENGINE as ENGINE  # the process roles, which setup() takes
+from tinyserve.options import FRONTEND as FRONTEND
 from tinyserve.procs import pid_alive
 from tinyserve.rundir import prepare_runtime_dir
 
@@ -45,9 +47,7 @@ TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # Requests in one batch: one per slot (--slots, 8 by default).
 BATCH = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
-ENGINE = "engine"
-FRONTEND = "frontend"
-BOTH = "engine, frontend"
+BOTH = f"{ENGINE}, {FRONTEND}"
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ Block = Annotated[
     | Annotated[ToolResultBlock, Tag(tag("tool_result"))],
     by_type("a content block of type text, tool_use or tool_result"),
 ]
-Content = Annotated[
+AnthropicContent = Annotated[
     Annotated[Text, Tag(TEXT)] | Annotated[list[Block], Field(min_length=1), Tag(LIST)],
     text_or_list("a non-empty list of content blocks"),
 ]
@@ -111,7 +111,7 @@ class MessageParam(Body):
     user)."""
 
     role: Literal["user", "assistant"]
-    content: Content
+    content: AnthropicContent
 
     @model_validator(mode="after")
     def _blocks_of_the_role(self) -> Self:
