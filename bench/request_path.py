@@ -113,9 +113,11 @@ def hook(frame, event, arg):
         return
     name, local = frame.f_code.co_name, frame.f_locals
     if name in ("__init__", "__post_init__") and "self" in local:
-        made(type(local["self"]))  # a class of ours, a dataclass or a pydantic model
+        if not in_background(frame):
+            made(type(local["self"]))  # a class of ours, a dataclass or a pydantic model
     elif name in ("__new__", "<lambda>") and isinstance(local.get("_cls"), type):
-        made(local["_cls"])  # a NamedTuple (its __new__ is a lambda)
+        if not in_background(frame):
+            made(local["_cls"])  # a NamedTuple (its __new__ is a lambda)
     callee = module_of(frame)
     if not callee.startswith("tinyserve."):
         return
