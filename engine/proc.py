@@ -318,13 +318,11 @@ class EngineProcess:
         load = report.load
         self.board.publish(
             state=STATE_DRAINING if self.core.draining else STATE_READY,
-            slots_total=self.config.slots,
             running=load.running,
             waiting=load.waiting,
             blocks_total=load.blocks_total,
             blocks_used=load.blocks_used,
             blocks_cached=load.blocks_cached,
-            max_queue=self.config.max_queue,
             drain_rate=load.drain_rate,
             ticks=load.tick,
         )

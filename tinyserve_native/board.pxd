@@ -32,13 +32,11 @@ cdef enum:
 # The engine's stats group: written under header.seq, read as one consistent snapshot.
 ctypedef struct engine_stats:
     uint32_t state
-    uint32_t slots_total
     uint32_t running
     uint32_t waiting
     uint32_t blocks_total
     uint32_t blocks_used
     uint32_t blocks_cached
-    uint32_t max_queue
     double drain_rate  # requests finished per second, recent
     uint64_t ticks
 
@@ -53,17 +51,16 @@ ctypedef struct board_header:
     uint64_t heartbeat_ns  # monotonic clock; a single atomic field outside the seqlock
     uint64_t seq  # seqlock: odd while the engine writes the fields under it
     engine_stats stats
-    uint8_t reserved[32]
+    uint8_t reserved[40]
 
 
 # 64 bytes; one writer each: the frontend that claimed it.
 ctypedef struct board_slot:
     int64_t pid  # 0: free; SLOT_BUSY: being claimed or released; > 0: owner's pid
     uint64_t heartbeat_ns
-    uint32_t pending_blocks
     uint32_t pending_requests
     char frontend_id[FRONTEND_ID_BYTES]
-    uint8_t reserved[8]
+    uint8_t reserved[12]
 
 
 cdef class Board:

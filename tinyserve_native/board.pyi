@@ -12,8 +12,8 @@ Consistency:
 - ``heartbeat_ns`` is one atomic field outside the seqlock (monotonic clock).
 - A slot changes hands by compare-and-swap on its pid (0 free, > 0 owner); while a claim or
   release is in progress the pid reads -1 and readers skip the slot, so a slot in use always
-  shows its owner's id and never the previous owner's reservations. Its other fields are
-  each atomic but not a group: a reader may pair a new ``pending_blocks`` with an old
+  shows its owner's id and never the previous owner's count. Its other fields are each
+  atomic but not a group: a reader may pair a new heartbeat with an old
   ``pending_requests``. Admission from the board is advisory; the engine is authoritative.
 - A restarted engine replaces the file with a new one: a frontend still mapping the old
   file sees its heartbeat go stale and should ``close`` and ``attach`` again.
@@ -21,10 +21,10 @@ Consistency:
 Layout (little-endian, offsets in bytes; bump ``LAYOUT_VERSION`` on any change):
 header (``HEADER_SIZE`` = 128): magic u64 @0, version u32 @8, n_frontend_slots u32 @12,
 engine_pid i64 @16, engine_started_ns u64 @24, heartbeat_ns u64 @32, seqlock u64 @40,
-state, slots_total, running, waiting, blocks_total, blocks_used, blocks_cached, max_queue
-u32 @48..76, drain_rate f64 @80, ticks u64 @88, reserved to 128; then ``n_frontend_slots``
-slots (``SLOT_SIZE`` = 64): pid i64 @0, heartbeat_ns u64 @8, pending_blocks u32 @16,
-pending_requests u32 @20, frontend_id char[32] (NUL-terminated UTF-8) @24, reserved to 64.
+state, running, waiting, blocks_total, blocks_used, blocks_cached u32 @48..68, drain_rate
+f64 @72, ticks u64 @80, reserved to 128; then ``n_frontend_slots`` slots (``SLOT_SIZE`` =
+64): pid i64 @0, heartbeat_ns u64 @8, pending_requests u32 @16, frontend_id char[32]
+(NUL-terminated UTF-8) @20, reserved to 64.
 """
 
 from __future__ import annotations
@@ -50,13 +50,11 @@ class EngineSnapshot(NamedTuple):
     started_ns: int
     heartbeat_ns: int
     state: int  # tinyserve.protocol.STATE_*
-    slots_total: int
     running: int
     waiting: int
     blocks_total: int
     blocks_used: int
     blocks_cached: int
-    max_queue: int
     drain_rate: float  # requests finished per second, recent
     ticks: int
 
@@ -67,8 +65,7 @@ class FrontendSlot(NamedTuple):
     index: int  # type: ignore[assignment]
     pid: int
     heartbeat_ns: int
-    pending_blocks: int
-    pending_requests: int
+    pending_requests: int  # sent to the engine, not yet accepted or finished
     frontend_id: str
 
 class Board:
@@ -116,13 +113,11 @@ class Board:
         self,
         *,
         state: int,
-        slots_total: int,
         running: int,
         waiting: int,
         blocks_total: int,
         blocks_used: int,
         blocks_cached: int,
-        max_queue: int,
         drain_rate: float,
         ticks: int,
     ) -> None:
@@ -133,14 +128,12 @@ class Board:
         """A consistent copy of the identity and the stats group, plus the heartbeat."""
     def claim_slot(self, frontend_id: str, pid: int, now_ns: int) -> int:
         """Frontend: take the first free slot (pid 0 -> ``pid`` by compare-and-swap) with
-        zero reservations and heartbeat ``now_ns``; returns its index.
+        no requests in flight and heartbeat ``now_ns``; returns its index.
 
         ``BoardError`` when every slot is taken; ``ValueError`` if ``pid <= 0`` or the id is
         over ``FRONTEND_ID_MAX`` bytes.
         """
-    def update_slot(
-        self, index: int, heartbeat_ns: int, pending_blocks: int, pending_requests: int
-    ) -> None:
+    def update_slot(self, index: int, heartbeat_ns: int, pending_requests: int) -> None:
         """Frontend: refresh its own slot. ``BoardError`` if the slot is not claimed,
         ``IndexError`` if ``index`` is out of range.
         """
@@ -150,5 +143,5 @@ class Board:
         """
     def frontend_slots(self) -> list[FrontendSlot]:
         """The slots in use, by index."""
-    def pending_totals(self) -> tuple[int, int]:
-        """``(blocks, requests)`` reserved, summed over the slots in use."""
+    def pending_requests(self) -> int:
+        """Requests in flight at all frontends, summed over the slots in use."""

@@ -19,7 +19,7 @@ cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
 MAGIC = 0x314452414F425354  # b"TSBOARD1" read as a little-endian u64
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 HEADER_SIZE = sizeof(board_header)
 SLOT_SIZE = sizeof(board_slot)
 FRONTEND_ID_MAX = FRONTEND_ID_BYTES - 1
@@ -38,9 +38,8 @@ class BoardError(Exception):
 
 EngineSnapshot = NamedTuple("EngineSnapshot", [
     ("pid", int), ("started_ns", int), ("heartbeat_ns", int), ("state", int),
-    ("slots_total", int), ("running", int), ("waiting", int), ("blocks_total", int),
-    ("blocks_used", int), ("blocks_cached", int), ("max_queue", int),
-    ("drain_rate", float), ("ticks", int),
+    ("running", int), ("waiting", int), ("blocks_total", int), ("blocks_used", int),
+    ("blocks_cached", int), ("drain_rate", float), ("ticks", int),
 ])
 EngineSnapshot.__doc__ = "One consistent reading of the engine's part of the board."
 # NOTE: the functional form guesses the module from the caller's frame, which a compiled
@@ -48,8 +47,8 @@ EngineSnapshot.__doc__ = "One consistent reading of the engine's part of the boa
 EngineSnapshot.__module__ = __name__
 
 FrontendSlot = NamedTuple("FrontendSlot", [
-    ("index", int), ("pid", int), ("heartbeat_ns", int), ("pending_blocks", int),
-    ("pending_requests", int), ("frontend_id", str),
+    ("index", int), ("pid", int), ("heartbeat_ns", int), ("pending_requests", int),
+    ("frontend_id", str),
 ])
 FrontendSlot.__doc__ = "A frontend slot in use, as read (each field atomically, not as a group)."
 FrontendSlot.__module__ = __name__
@@ -215,13 +214,11 @@ cdef class Board:
         self,
         *,
         uint32_t state,
-        uint32_t slots_total,
         uint32_t running,
         uint32_t waiting,
         uint32_t blocks_total,
         uint32_t blocks_used,
         uint32_t blocks_cached,
-        uint32_t max_queue,
         double drain_rate,
         uint64_t ticks,
     ) -> None:
@@ -229,13 +226,11 @@ cdef class Board:
         cdef engine_stats *s = &self._header().stats
         self._write_begin()
         tsb_store_u32(&s.state, state)
-        tsb_store_u32(&s.slots_total, slots_total)
         tsb_store_u32(&s.running, running)
         tsb_store_u32(&s.waiting, waiting)
         tsb_store_u32(&s.blocks_total, blocks_total)
         tsb_store_u32(&s.blocks_used, blocks_used)
         tsb_store_u32(&s.blocks_cached, blocks_cached)
-        tsb_store_u32(&s.max_queue, max_queue)
         tsb_store_f64(&s.drain_rate, drain_rate)
         tsb_store_u64(&s.ticks, ticks)
         self._write_end()
@@ -248,8 +243,8 @@ cdef class Board:
         self._read_stats(&s, &pid, &started)
         return EngineSnapshot(
             pid, started, tsb_load_u64_acquire(&self._h.heartbeat_ns), s.state,
-            s.slots_total, s.running, s.waiting, s.blocks_total, s.blocks_used,
-            s.blocks_cached, s.max_queue, s.drain_rate, s.ticks,
+            s.running, s.waiting, s.blocks_total, s.blocks_used, s.blocks_cached,
+            s.drain_rate, s.ticks,
         )
 
     def claim_slot(self, str frontend_id not None, int64_t pid, uint64_t now_ns) -> int:
@@ -271,10 +266,9 @@ cdef class Board:
                 continue
             tsb_store_bytes(slot.frontend_id, name, FRONTEND_ID_BYTES)
             tsb_store_u64(&slot.heartbeat_ns, now_ns)
-            tsb_store_u32(&slot.pending_blocks, 0)
             tsb_store_u32(&slot.pending_requests, 0)
             # NOTE: the release store publishes the fields above with the pid: a reader that
-            # sees pid > 0 (acquire) sees this owner's id and zeroed reservations.
+            # sees pid > 0 (acquire) sees this owner's id and a zero count of requests.
             tsb_store_i64_release(&slot.pid, pid)
             return i
         raise BoardError(f"all {self._n_slots} frontend slots are taken")
@@ -283,14 +277,12 @@ cdef class Board:
         self,
         Py_ssize_t index,
         uint64_t heartbeat_ns,
-        uint32_t pending_blocks,
         uint32_t pending_requests,
     ) -> None:
-        """Frontend: refresh its slot's heartbeat and in-flight reservations."""
+        """Frontend: refresh its slot's heartbeat and its requests in flight."""
         cdef board_slot *slot = self._slot(index)
         if tsb_load_i64(&slot.pid) <= 0:
             raise BoardError(f"frontend slot {index} is not claimed")
-        tsb_store_u32(&slot.pending_blocks, pending_blocks)
         tsb_store_u32(&slot.pending_requests, pending_requests)
         tsb_store_u64(&slot.heartbeat_ns, heartbeat_ns)
 
@@ -303,7 +295,6 @@ cdef class Board:
         memset(zeros, 0, FRONTEND_ID_BYTES)
         tsb_store_bytes(slot.frontend_id, zeros, FRONTEND_ID_BYTES)
         tsb_store_u64(&slot.heartbeat_ns, 0)
-        tsb_store_u32(&slot.pending_blocks, 0)
         tsb_store_u32(&slot.pending_requests, 0)
         tsb_store_i64_release(&slot.pid, 0)
         return True
@@ -319,9 +310,8 @@ cdef class Board:
                 slots.append(slot)
         return slots
 
-    def pending_totals(self) -> tuple:
-        """``(blocks, requests)`` reserved by all frontends, summed over slots in use."""
-        cdef uint64_t blocks = 0
+    def pending_requests(self) -> int:
+        """Requests in flight at all frontends, summed over the slots in use."""
         cdef uint64_t requests = 0
         cdef board_slot *slot
         cdef uint32_t i
@@ -329,9 +319,8 @@ cdef class Board:
         for i in range(self._n_slots):
             slot = &self._slots[i]
             if tsb_load_i64_acquire(&slot.pid) > 0:
-                blocks += tsb_load_u32(&slot.pending_blocks)
                 requests += tsb_load_u32(&slot.pending_requests)
-        return blocks, requests
+        return requests
 
     def __repr__(self) -> str:
         state = "closed" if self._h == NULL else f"{self._n_slots} frontend slots"
@@ -370,13 +359,11 @@ cdef class Board:
                 pid[0] = tsb_load_i64(&h.engine_pid)
                 started[0] = tsb_load_u64(&h.engine_started_ns)
                 out.state = tsb_load_u32(&h.stats.state)
-                out.slots_total = tsb_load_u32(&h.stats.slots_total)
                 out.running = tsb_load_u32(&h.stats.running)
                 out.waiting = tsb_load_u32(&h.stats.waiting)
                 out.blocks_total = tsb_load_u32(&h.stats.blocks_total)
                 out.blocks_used = tsb_load_u32(&h.stats.blocks_used)
                 out.blocks_cached = tsb_load_u32(&h.stats.blocks_cached)
-                out.max_queue = tsb_load_u32(&h.stats.max_queue)
                 out.drain_rate = tsb_load_f64(&h.stats.drain_rate)
                 out.ticks = tsb_load_u64(&h.stats.ticks)
                 # NOTE: the fence keeps the loads above from sinking below the re-read of
@@ -397,7 +384,6 @@ cdef class Board:
         if pid <= 0:
             return None
         cdef uint64_t heartbeat = tsb_load_u64(&slot.heartbeat_ns)
-        cdef uint32_t blocks = tsb_load_u32(&slot.pending_blocks)
         cdef uint32_t requests = tsb_load_u32(&slot.pending_requests)
         tsb_load_bytes(name, slot.frontend_id, FRONTEND_ID_BYTES)
         tsb_fence_acquire()
@@ -405,5 +391,5 @@ cdef class Board:
             return None  # released (or re-claimed) while we read: not a record to trust
         name[FRONTEND_ID_BYTES - 1] = 0
         return FrontendSlot(
-            index, pid, heartbeat, blocks, requests, name.decode(errors="replace")
+            index, pid, heartbeat, requests, name.decode(errors="replace")
         )

@@ -96,12 +96,11 @@ def linked_frontends(board: Board) -> int:
 def load_of(board: Board) -> NodeLoad:
     """The node's load for admission: engine figures plus every frontend's pending requests."""
     snap = board.snapshot()
-    _, pending_requests = board.pending_totals()
     return NodeLoad(
         waiting=snap.waiting,
         running=snap.running,
         drain_rate=snap.drain_rate,
-        pending_requests=pending_requests,
+        pending_requests=board.pending_requests(),
         draining=snap.state == protocol.STATE_DRAINING,
     )
 

@@ -107,8 +107,7 @@ class EngineLink:
             return
         requests = self._client.pending()
         try:
-            # The slot's pending_blocks is not read since each slot has cells of its own.
-            self._board.update_slot(self._slot, time.monotonic_ns(), 0, requests)
+            self._board.update_slot(self._slot, time.monotonic_ns(), requests)
         except BoardError as exc:
             log.warning("board slot not writable", extra=fields(error=str(exc), slot=self._slot))
 

@@ -109,13 +109,11 @@ class FakeEngine:
     def publish_load(self, **figures: Any) -> None:
         values = {
             "state": protocol.STATE_READY,
-            "slots_total": 4,
             "running": 0,
             "waiting": 0,
             "blocks_total": BLOCKS_TOTAL,
             "blocks_used": 0,
             "blocks_cached": 0,
-            "max_queue": MAX_QUEUE,
             "drain_rate": 1.0,
             "ticks": 0,
         }

@@ -12,11 +12,11 @@ from tinyserve_native.board import Board, BoardError
 
 
 def report_and_claim(path: str, queue: Any) -> None:
-    """Attach, report what the engine published, then claim a slot and reserve in it."""
+    """Attach, report what the engine published, then claim a slot and count requests in it."""
     with Board.attach(path) as board:
         queue.put((board.snapshot(), board.heartbeat_ns()))
         index = board.claim_slot("child", os.getpid(), 1)
-        board.update_slot(index, 2, 7, 3)
+        board.update_slot(index, 2, 3)
         queue.put(index)
 
 
@@ -50,10 +50,10 @@ def churn_one_slot(path: str, barrier: Any, rounds: int, queue: Any) -> None:
             except BoardError:
                 continue  # the rival holds it
             owned += 1
-            board.update_slot(index, owned, pid & 0xFFFF, owned)
+            board.update_slot(index, pid, owned)  # the heartbeat field marks the owner
             seen = board.frontend_slots()
-            mine = [(s.pid, s.pending_blocks, s.pending_requests) for s in seen]
-            if mine != [(pid, pid & 0xFFFF, owned)]:
+            mine = [(s.pid, s.heartbeat_ns, s.pending_requests) for s in seen]
+            if mine != [(pid, pid, owned)]:
                 conflicts += 1
             if not board.release_slot(index, pid):
                 conflicts += 1
@@ -69,13 +69,11 @@ def publish_counter(path: str, barrier: Any, stop: Any) -> None:
             k += 1
             board.publish(
                 state=k,
-                slots_total=k,
                 running=k,
                 waiting=k,
                 blocks_total=k,
                 blocks_used=k,
                 blocks_cached=k,
-                max_queue=k,
                 drain_rate=float(k),
                 ticks=k,
             )

@@ -27,13 +27,11 @@ from . import board_workers
 SPAWN = multiprocessing.get_context("spawn")
 STATS = dict(
     state=1,
-    slots_total=4,
     running=3,
     waiting=2,
     blocks_total=1000,
     blocks_used=600,
     blocks_cached=100,
-    max_queue=64,
     drain_rate=2.5,
     ticks=2**40,
 )
@@ -64,7 +62,7 @@ def test_create_writes_a_private_zeroed_board(engine: Board, path: str) -> None:
     assert st.st_size == HEADER_SIZE + 4 * SLOT_SIZE == 128 + 4 * 64
     with open(path, "rb") as f:
         assert f.read(8) == b"TSBOARD1"
-    assert engine.snapshot() == (0,) * 11 + (0.0, 0)
+    assert engine.snapshot() == (0,) * 9 + (0.0, 0)
     assert engine.frontend_slots() == []
     assert engine.n_frontend_slots == 4
     assert os.listdir(os.path.dirname(path)) == ["board"]  # no temp file left behind
@@ -75,7 +73,7 @@ def test_fields_sit_at_their_documented_offsets(engine: Board, path: str) -> Non
     engine.heartbeat(12)
     engine.publish(**STATS)
     index = engine.claim_slot("fe-π", 77, 13)
-    engine.update_slot(index, 14, 5, 6)
+    engine.update_slot(index, 14, 6)
     raw = Path(path).read_bytes()
     assert struct.unpack_from("<QIIqQQQ", raw, 0) == (
         int.from_bytes(b"TSBOARD1", "little"),
@@ -86,12 +84,11 @@ def test_fields_sit_at_their_documented_offsets(engine: Board, path: str) -> Non
         12,
         4,
     )
-    assert struct.unpack_from("<8IdQ", raw, 48) == (1, 4, 3, 2, 1000, 600, 100, 64, 2.5, 2**40)
+    assert struct.unpack_from("<6IdQ", raw, 48) == (1, 3, 2, 1000, 600, 100, 2.5, 2**40)
     slot = HEADER_SIZE + index * SLOT_SIZE
-    assert struct.unpack_from("<qQII32s", raw, slot) == (
+    assert struct.unpack_from("<qQI32s", raw, slot) == (
         77,
         14,
-        5,
         6,
         "fe-π".encode().ljust(32, b"\0"),
     )
@@ -122,17 +119,17 @@ def test_slots_are_claimed_in_order_until_none_is_left(engine: Board) -> None:
     ]
 
 
-def test_pending_totals_count_only_slots_in_use(engine: Board) -> None:
+def test_pending_requests_count_only_slots_in_use(engine: Board) -> None:
     a = engine.claim_slot("a", 1, 0)
     b = engine.claim_slot("b", 2, 0)
-    engine.update_slot(a, 5, 10, 1)
-    engine.update_slot(b, 5, 2**32 - 1, 2)
-    assert engine.pending_totals() == (2**32 + 9, 3)
+    engine.update_slot(a, 5, 10)
+    engine.update_slot(b, 5, 2**32 - 1)
+    assert engine.pending_requests() == 2**32 + 9  # summed wider than a slot's u32
     engine.release_slot(b, 2)
-    assert engine.pending_totals() == (10, 1)
+    assert engine.pending_requests() == 10
     c = engine.claim_slot("c", 3, 0)
     assert c == b
-    assert engine.frontend_slots()[1][1:] == (3, 0, 0, 0, "c")  # nothing left by "b"
+    assert engine.frontend_slots()[1][1:] == (3, 0, 0, "c")  # nothing left by "b"
 
 
 @pytest.mark.parametrize(
@@ -140,8 +137,8 @@ def test_pending_totals_count_only_slots_in_use(engine: Board) -> None:
     [
         (lambda b: b.claim_slot("x" * (FRONTEND_ID_MAX + 1), 1, 0), ValueError),
         (lambda b: b.claim_slot("x", 0, 0), ValueError),
-        (lambda b: b.update_slot(0, 0, 0, 0), BoardError),  # not claimed
-        (lambda b: b.update_slot(4, 0, 0, 0), IndexError),
+        (lambda b: b.update_slot(0, 0, 0), BoardError),  # not claimed
+        (lambda b: b.update_slot(4, 0, 0), IndexError),
         (lambda b: b.release_slot(-1, 1), IndexError),
         (lambda b: b.publish(**{**STATS, "running": -1}), OverflowError),
     ],
@@ -157,7 +154,7 @@ def test_a_closed_board_refuses_every_call(path: str) -> None:
     board = Board.create(path, frontend_slots=1)
     board.close()
     board.close()
-    for call in (board.snapshot, board.heartbeat_ns, board.frontend_slots, board.pending_totals):
+    for call in (board.snapshot, board.heartbeat_ns, board.frontend_slots, board.pending_requests):
         with pytest.raises(BoardError):
             call()
     with pytest.raises(BoardError):
@@ -236,9 +233,9 @@ def test_writes_cross_processes_both_ways(engine: Board, path: str) -> None:
     index = queue.get(timeout=30)
     _join(child)
     assert (snap.pid, snap.started_ns, snap.ticks, heartbeat) == (os.getpid(), 5, 2**40, 6)
-    assert engine.frontend_slots() == [(index, child.pid, 2, 7, 3, "child")]
+    assert engine.frontend_slots() == [(index, child.pid, 2, 3, "child")]
     assert engine.release_slot(index, child.pid)  # the engine reclaims a dead frontend's slot
-    assert engine.pending_totals() == (0, 0)
+    assert engine.pending_requests() == 0
 
 
 def test_racing_claims_never_share_a_slot(path: str) -> None:
@@ -278,7 +275,7 @@ def test_seqlock_snapshots_are_never_torn(path: str) -> None:
         while len(seen) < 200 and time.monotonic() < deadline:
             snap = board.snapshot()
             k = snap.ticks
-            assert snap[3:11] == (k,) * 8 and snap.drain_rate == float(k), snap
+            assert snap[3:9] == (k,) * 6 and snap.drain_rate == float(k), snap
             seen.add(k)
         stop.set()
         _join(writer)

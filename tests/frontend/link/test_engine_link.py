@@ -57,7 +57,7 @@ async def test_slot_is_claimed_and_published(served: Client, engine: FakeEngine)
     try:
         await until(lambda: served.app[CLIENT].pending() == 1)
         await asyncio.sleep(0.3)  # at least one liveness tick
-        assert engine.board.pending_totals() == (0, served.app[CLIENT].pending())
+        assert engine.board.pending_requests() == served.app[CLIENT].pending()
     finally:
         request.cancel()
 
