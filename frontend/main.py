@@ -29,7 +29,7 @@ from tinyserve.tracing import from_config as tracing_from_config
 log = logging.getLogger(__name__)
 
 # After the drain: time for handlers to write the final event of a stream the drain ended.
-STOP_GRACE_S = 2.0
+FINAL_EVENTS_GRACE_S = 2.0
 
 
 def run(config: Config) -> int:
@@ -67,7 +67,7 @@ async def _serve(config: Config, app: web.Application) -> int:
     # After a stop signal, drain_app refuses new requests and gives in-flight ones
     # drain_timeout seconds; handlers still running after a short grace are cancelled, which
     # cancels them in the engine too.
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=STOP_GRACE_S)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=FINAL_EVENTS_GRACE_S)
     try:
         await runner.setup()
         url = await _listen(runner, config)

@@ -42,8 +42,9 @@ from tinyserve.supervisor import Child, RestartPolicy
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE_S = 5.0
-POLL_S = 0.2
+# A signalled child (SIGTERM after its drain, SIGABRT when hung) has this long before SIGKILL.
+KILL_GRACE_S = 5.0
+NOTIFY_POLL_S = 0.2  # the longest a wait for sd_notify messages blocks
 
 
 class NodeFailed(Exception):
@@ -134,7 +135,7 @@ class Launcher:
 
     def _wait_for_notifications(self, children: list[Child]) -> None:
         sockets = [c.notify for c in children if c.notify is not None]
-        select.select(sockets, [], [], POLL_S)
+        select.select(sockets, [], [], NOTIFY_POLL_S)
 
     # -- running: restart what dies ----------------------------------------------------------
 
@@ -185,7 +186,7 @@ class Launcher:
         stopped process never takes the SIGABRT). Its death then restarts it."""
         assert child.process is not None
         if child.aborted_at is not None:
-            if now - child.aborted_at > STOP_GRACE_S:
+            if now - child.aborted_at > KILL_GRACE_S:
                 child.process.kill()
             return
         if child.hung(now):
@@ -206,7 +207,7 @@ class Launcher:
             running = [c for c in group if c.running]
             for child in running:
                 child.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-            deadline = time.monotonic() + self.config.drain_timeout + STOP_GRACE_S
+            deadline = time.monotonic() + self.config.drain_timeout + KILL_GRACE_S
             for child in running:
                 self._reap(child, deadline)
         for child in self.children:

@@ -56,7 +56,7 @@ STREAM_BUFFER_LOW = 4 * 1024  # ... and resumes it at or below this
 # Written at most this much at a time (room for chunked encoding's few bytes), a write after
 # the wait never lifts the buffer above the high mark, so aiohttp never blocks on its own.
 SLICE = STREAM_BUFFER_HIGH - STREAM_BUFFER_LOW - 256
-POLL_S = 0.02  # how often a waiting writer looks at the buffer (only while it lags)
+LAG_POLL_S = 0.02  # how often a waiting writer looks at the buffer (only while it lags)
 
 # How a surface answers once the engine accepted a request: the pipeline hands it the stream
 # and the request's record.
@@ -226,7 +226,7 @@ async def _wait_for_room(
     loop = asyncio.get_running_loop()
     progress_at = loop.time()
     while left > STREAM_BUFFER_LOW and not transport.is_closing():
-        await asyncio.sleep(POLL_S)
+        await asyncio.sleep(LAG_POLL_S)
         now, size = loop.time(), transport.get_write_buffer_size()
         if size < left:
             progress_at = now
