@@ -81,9 +81,9 @@ def ours(cls):
     return isinstance(cls, type) and cls.__module__.startswith("tinyserve.")
 
 def made(cls):
-    if ours(cls):  # on the side of the thread that made it: the engine's loop or not
-        side = "engine" if threading.current_thread().name == "engine-loop" else "frontend"
-        types.add(f"{side}:{cls.__module__}.{cls.__qualname__}")
+    # On the side of the thread that made it: the engine's loop or not.
+    side = "engine" if threading.current_thread().name == "engine-loop" else "frontend"
+    types.add(f"{side}:{cls.__module__}.{cls.__qualname__}")
 
 def walk(value, seen):
     # The pydantic models of ours inside value (pydantic-core builds nested ones, and whole
@@ -92,7 +92,8 @@ def walk(value, seen):
         return
     seen.add(id(value))
     if isinstance(value, BaseModel):
-        made(type(value))
+        if ours(type(value)):
+            made(type(value))
         for name in type(value).model_fields:
             walk(getattr(value, name), seen)
     elif isinstance(value, (list, tuple)):
@@ -111,13 +112,13 @@ def hook(frame, event, arg):
         return
     if event != "call":
         return
-    name, local = frame.f_code.co_name, frame.f_locals
+    name, local, cls = frame.f_code.co_name, frame.f_locals, None
     if name in ("__init__", "__post_init__") and "self" in local:
-        if not in_background(frame):
-            made(type(local["self"]))  # a class of ours, a dataclass or a pydantic model
-    elif name in ("__new__", "<lambda>") and isinstance(local.get("_cls"), type):
-        if not in_background(frame):
-            made(local["_cls"])  # a NamedTuple (its __new__ is a lambda)
+        cls = type(local["self"])  # a class of ours, a dataclass or a pydantic model
+    elif name in ("__new__", "<lambda>"):
+        cls = local.get("_cls")  # a NamedTuple (its __new__ is a lambda)
+    if ours(cls) and not in_background(frame):
+        made(cls)
     callee = module_of(frame)
     if not callee.startswith("tinyserve."):
         return
@@ -175,10 +176,7 @@ async def main():
                 assert reply.status == 200, reply.status
         finally:
             await engine.stop()
-    modules = sorted({m for pair in calls for m in pair if m.startswith("tinyserve.")})
     print(json.dumps({
-        "modules": modules,
-        "pairs": sorted(f"{a} -> {b}" for a, b in calls),
         "calls": {f"{a} -> {b}": n for (a, b), n in calls.items()},
         "types": sorted(types),
     }))
@@ -208,13 +206,16 @@ def with_tests(tree: Path, source: Path) -> Path:
 
 
 def side(result: dict[str, Any], engine: bool) -> dict[str, Any]:
-    """The frontend's (and shared modules') figures, or the engine's."""
-    on_side = lambda name: name.startswith(ENGINE) == engine  # noqa: E731
-    pairs = [p for p in result["pairs"] if on_side(p.split(" -> ")[0].split(".", 1)[1])]
+    """The frontend's (and shared modules') figures, or the engine's, from the worker's calls
+    (``"caller -> callee": count``) and types."""
+    on_side = lambda name: name.split(".", 1)[1].startswith(ENGINE) == engine  # noqa: E731
+    calls = result["calls"]
+    pairs = sorted(p for p in calls if on_side(p.split(" -> ")[0]))
+    modules = {m for p in calls for m in p.split(" -> ") if m.startswith("tinyserve.")}
     return {
-        "modules": [m for m in result["modules"] if on_side(m.split(".", 1)[1])],
+        "modules": sorted(m for m in modules if on_side(m)),
         "pairs": pairs,
-        "calls": sum(result["calls"][p] for p in pairs),
+        "calls": sum(calls[p] for p in pairs),
         "types": [t.split(":")[1] for t in result["types"] if t.startswith(SIDES[engine])],
     }
 
