@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from common import in_fresh_process, write_csv
-from throughput import _fill, bare_llama
+from throughput import _fill, bare_llama, fill_context
 
 
 def step_times(
@@ -45,12 +45,8 @@ def step_times(
     medians = []
     with bare_llama(batch * cells, 512, batch, False, threads) as (lctx, lbatch):
         memory = llama_cpp.llama_get_memory(lctx)
-        for seq in range(batch):  # each sequence's context, 512 tokens a decode
-            for start in range(0, context, 512):
-                n = min(512, context - start)
-                tokens = [(1000 + (start + i) % 500, start + i, seq, False) for i in range(n)]
-                _fill(lbatch, tokens)
-                assert llama_cpp.llama_decode(lctx, lbatch) == 0
+        for seq in range(batch):
+            fill_context(lctx, lbatch, seq, context)
         for k in range(max_k + 1):
             rows = [
                 (1000 + j, context + j, seq, True)

@@ -84,10 +84,7 @@ def raw_ceiling(
 
     n_seq_max = max(batch, 1) + (1 if parked else 0)
     with bare_llama(ctx, 512, n_seq_max, unified, threads) as (lctx, lbatch):
-        for start in range(0, parked, 512):
-            n = min(512, parked - start)
-            _fill(lbatch, [(1000 + i % 500, start + i, batch, False) for i in range(n)])
-            assert llama_cpp.llama_decode(lctx, lbatch) == 0
+        fill_context(lctx, lbatch, batch, parked)
         samplers = [_greedy() for _ in range(batch)]
         started = time.perf_counter()
         prompt = [
@@ -122,6 +119,17 @@ def _fill(batch: Any, rows: list[tuple[int, int, int, bool]]) -> None:
         batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
         batch.seq_id[i][0], batch.logits[i] = seq, logits
     batch.n_tokens = len(rows)
+
+
+def fill_context(lctx: Any, lbatch: Any, seq: int, n_tokens: int) -> None:
+    """Decode ``n_tokens`` filler tokens into sequence ``seq`` at positions 0.., 512 a decode
+    (``lbatch`` holds 512 rows), no logits: a context to time steps on, not itself timed."""
+    import llama_cpp
+
+    for start in range(0, n_tokens, 512):
+        n = min(512, n_tokens - start)
+        _fill(lbatch, [(1000 + (start + i) % 500, start + i, seq, False) for i in range(n)])
+        assert llama_cpp.llama_decode(lctx, lbatch) == 0
 
 
 def ceiling_in_subprocess(batch: int, args: argparse.Namespace) -> float:
