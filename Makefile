@@ -9,7 +9,13 @@ ARGS ?=
 LLAMA_CMAKE_ARGS ?=
 LLAMA_ARGS_STAMP := $(VENV)/.llama-cmake-args
 
-.PHONY: setup test-deps serve test lint bench clean FORCE
+# The command-line coding agents tests/integration/test_agents.py runs, as shipped: the
+# versions tests/agents/package-lock.json pins, from the npm registry (their packages carry
+# their native binaries). Without npm that test skips, saying so.
+AGENTS := tests/agents
+AGENTS_STAMP := $(AGENTS)/node_modules/.installed
+
+.PHONY: setup test-deps agents serve test lint bench clean FORCE
 
 setup: $(STAMP)
 
@@ -44,7 +50,14 @@ $(LLAMA_ARGS_STAMP): FORCE
 serve: setup
 	$(BIN)/tinyserve serve $(ARGS)
 
-test: setup test-deps
+agents: $(AGENTS_STAMP)
+
+$(AGENTS_STAMP): $(AGENTS)/package.json $(AGENTS)/package-lock.json
+	@if command -v npm >/dev/null; then \
+		cd $(AGENTS) && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else echo "npm not found: tests/integration/test_agents.py will skip"; fi
+
+test: setup test-deps agents
 	$(BIN)/python -m pytest -q $(ARGS)
 
 lint: setup
@@ -65,4 +78,4 @@ bench: setup
 	$(BIN)/python bench/throughput.py $(ARGS)
 
 clean:
-	rm -rf build $(VENV) *.egg-info tinyserve_native/*.c tinyserve_native/*.so
+	rm -rf build $(VENV) *.egg-info tinyserve_native/*.c tinyserve_native/*.so $(AGENTS)/node_modules

@@ -46,12 +46,12 @@ else:
     from tinyserve.frontend.models.parse import parse_body
 
     def chat(b):
-        req = parse_body(b, ChatCompletionRequest, C)
+        req = parse_body(b, ChatCompletionRequest)
         return req.generation(C), req.template_messages()
 
     PARSE = {
-        "generate": lambda b: parse_body(b, GenerateRequest, C).generation(C),
-        "completion": lambda b: parse_body(b, CompletionRequest, C).generation(C),
+        "generate": lambda b: parse_body(b, GenerateRequest).generation(C),
+        "completion": lambda b: parse_body(b, CompletionRequest).generation(C),
         "chat": chat,
     }
 imported_s, imported_mib = time.perf_counter() - started, (rss() - before) / 2**20

@@ -22,7 +22,7 @@ from tinyserve.engine.sampler import Sampler, Vocab
 from tinyserve.engine.weights import GpuSpec, check_gpu, load_model, repack_weights
 from tinyserve.errors import EngineFatalError, RequestError
 from tinyserve.model import resolve_model_path
-from tinyserve.options import DEFAULT_CTX_PER_SLOT
+from tinyserve.options import DEFAULT_CTX_FLOOR, DEFAULT_CTX_MEMORY_SHARE
 from tinyserve.protocol import SamplingParams
 from tinyserve_native.batch_builder import BatchBuilder
 
@@ -130,10 +130,10 @@ class LlamaRuntime:
         """What the KV cache will take, refused with one line when the memory is not there
         (on the CPU: llama.cpp would be killed writing zeros into it, not refused)."""
         train = int(llama_cpp.llama_model_n_ctx_train(self.model))
-        cells = spec.ctx_per_slot or min(train, DEFAULT_CTX_PER_SLOT)
+        cell_bytes, available = self._cell_bytes(), _available_memory()
+        cells = spec.ctx_per_slot or default_cells(train, spec.slots, cell_bytes, available)
         cells = -(-cells // KV_STREAM_PAD) * KV_STREAM_PAD  # llama.cpp pads each stream so
-        kv = KvMemory(spec.slots, cells, self._cell_bytes())
-        available = _available_memory()
+        kv = KvMemory(spec.slots, cells, cell_bytes)
         if spec.gpu.layers == 0 and available is not None and kv.bytes > available:
             raise EngineFatalError(
                 f"the KV cache ({kv}) does not fit in the {available / 2**20:.0f} MiB of memory "
@@ -334,6 +334,15 @@ class LlamaRuntime:
 def llama_cpp_version() -> str:
     """The llama-cpp-python release (and so the llama.cpp sources) this engine runs on."""
     return str(llama_cpp.__version__)
+
+
+def default_cells(train: int, slots: int, cell_bytes: int, available: int | None) -> int:
+    """A slot's cells under ``--ctx-per-slot 0``: the training context, or as many as a share
+    of the ``available`` memory holds for every slot (never under the floor)."""
+    if available is None:
+        return train
+    fits = int(available * DEFAULT_CTX_MEMORY_SHARE) // (slots * cell_bytes)
+    return min(train, max(fits // KV_STREAM_PAD * KV_STREAM_PAD, DEFAULT_CTX_FLOOR))
 
 
 def _available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:

@@ -33,6 +33,7 @@ class Config:
 
     model: str | None
     model_name: str | None
+    model_alias: tuple[str, ...]
     runtime_dir: str
     log_level: str
     log_format: str

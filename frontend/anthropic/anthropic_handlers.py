@@ -4,14 +4,12 @@ A request is translated into the equivalent chat completion request
 (``models.anthropic_requests``) and served by the same path as ``/v1/chat/completions``:
 the chat template, tool prompts and grammars, structured output, sampling defaults,
 admission, tenants and priorities, the pipeline; only the reply is Anthropic's
-(``anthropic_reply``). Errors take Anthropic's shape (the error middleware decides by
-path). The model id must be the served one, as on the OpenAI surface: point Anthropic's
-clients at it (Claude Code: ``ANTHROPIC_MODEL``).
+(``anthropic_reply``), with the model's thinking in thinking blocks. Errors take Anthropic's
+shape (the error middleware decides by path). Any model id is served, as on the OpenAI
+surface, unless ``--model-alias`` closes the list (``admission.model_of``).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 from aiohttp import web
 
@@ -20,7 +18,7 @@ from tinyserve.frontend.models.anthropic_replies import TokenCount
 from tinyserve.frontend.models.anthropic_requests import CountTokensRequest, MessagesRequest
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.parse import read_body
-from tinyserve.frontend.openai.openai_handlers import chat_generation, check_model
+from tinyserve.frontend.openai.openai_handlers import chat_generation, served_model
 from tinyserve.frontend.prompt import conversation
 from tinyserve.frontend.request import pipeline
 from tinyserve.frontend.request.state import CHAT_TEMPLATE, CONFIG, TOKENIZER
@@ -29,12 +27,10 @@ from tinyserve.frontend.request.state import CHAT_TEMPLATE, CONFIG, TOKENIZER
 async def messages(request: web.Request) -> web.StreamResponse:
     """Answer a conversation in Anthropic's shapes; JSON or SSE."""
     req = await read_body(request, MessagesRequest, request.app[CONFIG])
-    check_model(request, req.model)
+    model = served_model(request, req.model)
     generation, parser = await chat_generation(request, req.chat_request())
-    # Thinking stays in the text here until Messages' thinking blocks are served.
-    parser = dataclasses.replace(parser, reasoning=None)
     tokenizer = request.app[TOKENIZER]
-    reply = AnthropicReply(req.model, tokenizer, parser, generation.sampling.stop)
+    reply = AnthropicReply(model, tokenizer, parser, generation.sampling.stop)
     return await pipeline.run(request, generation, reply)
 
 
@@ -42,7 +38,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     """The prompt tokens a Messages request with this conversation is charged: the same
     rendering and tokenization, without generating."""
     req = await read_body(request, CountTokensRequest, request.app[CONFIG])
-    check_model(request, req.model)
+    served_model(request, req.model)
     chat = req.chat_request()
     prompt = conversation.render(request.app[CHAT_TEMPLATE], chat, chat.messages)
     prompt_ids = await request.app[TOKENIZER].tokenize_chat(prompt)

@@ -2,8 +2,10 @@
 
 JSON: an ``AnthropicMessage``. SSE, each event named by its type (Anthropic's stream):
 ``message_start``; per content block ``content_block_start``, its ``content_block_delta``s
-and ``content_block_stop`` (text as it comes; a tool use whole, its input in one
-``input_json_delta``); then ``message_delta`` (stop reason, usage) and ``message_stop``. A
+and ``content_block_stop`` (the model's thinking as it comes, in a thinking block closed by a
+``signature_delta``; text as it comes; a tool use once its name is written, its input in
+``input_json_delta``s as it is written); then ``message_delta`` (stop reason, usage) and
+``message_stop``. A
 ``ping`` is sent whenever the stream has been quiet for ``--sse-ping-interval`` (a long
 prefill), and with ``return_progress`` ``prompt_progress`` events report the prefill. A
 failure after the headers went out ends the stream with an ``error`` event instead of
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel
@@ -38,10 +40,13 @@ from tinyserve.frontend.models.anthropic_replies import (
     MessageStart,
     MessageStop,
     Ping,
+    SignatureDelta,
     StopInfo,
     StopReason,
     TextContent,
     TextDelta,
+    ThinkingContent,
+    ThinkingDelta,
     ToolUseContent,
 )
 from tinyserve.frontend.models.common import json_response
@@ -53,10 +58,11 @@ from tinyserve.frontend.prompt.tokenizer import Tokenizer
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import sse_event, write_sse
 from tinyserve.frontend.request.state import LINK
-from tinyserve.frontend.structured.reply_parser import ReplyParser
+from tinyserve.frontend.structured.reply_parser import CallDelta, ReplyParser
 from tinyserve.protocol import RequestUpdate
 
 ID_PREFIX = "msg_"
+BlockKind = Literal["thinking", "text", "tool_use"]
 PING = sse_event(Ping(), "ping")
 
 
@@ -85,7 +91,12 @@ class AnthropicReply:
             events = _MessageEvents(self, record, load)
             return await write_sse(request, record.request_id, stream, events, PING)
         whole, ending = await collect_ending(stream, load, self.parser)
-        content = [*_text_blocks(ending.text, ending.calls), *map(_tool_use, ending.calls)]
+        thinking = [ThinkingContent(thinking=ending.reasoning, signature=record.request_id)]
+        content = [
+            *(thinking if ending.reasoning else []),
+            *_text_blocks(ending.text, ending.calls),
+            *map(_tool_use, ending.calls),
+        ]
         stop = await self.stop(ending.reason, whole.token_ids)
         body = self.message(record, content, stop, _usage(record, whole))
         return json_response(body, headers={"X-Request-Id": record.request_id})
@@ -137,7 +148,8 @@ def _tool_use(call: ToolCall, arguments: dict[str, Any] | None = None) -> ToolUs
 
 
 class _MessageEvents(ChatEvents):
-    """The events of a streamed reply: blocks as the text comes, tool uses at the end."""
+    """The events of a streamed reply: blocks as the thinking and the text come, tool uses
+    at the end."""
 
     def __init__(
         self, reply: AnthropicReply, record: RequestRecord, load: Callable[[], NodeLoad | None]
@@ -145,7 +157,9 @@ class _MessageEvents(ChatEvents):
         super().__init__(reply.parser, record, load)
         self._reply = reply
         self._blocks = 0  # content blocks started
-        self._text_open = False  # the last block started is text, not stopped yet
+        self._texts = 0  # text blocks started
+        self._open: BlockKind | None = None  # the kind of the last block, while not stopped
+        self._streamed = 0  # tool uses started as they were written
 
     def opening(self) -> list[bytes]:
         usage = AnthropicUsage.of(self.record.prompt_tokens, 0, 0)
@@ -158,35 +172,73 @@ class _MessageEvents(ChatEvents):
         error.request_id = self.record.request_id
         return event(error.anthropic_body())
 
-    def text(self, text: str) -> list[bytes]:
-        """A text delta, after the start of a text block when none is open."""
+    def thinking(self, text: str) -> list[bytes]:
+        """A thinking delta, in a thinking block (started when none is open)."""
         if not text:
             return []
-        events = [] if self._text_open else [self._start(TextContent(text=""))]
-        self._text_open = True
+        events = self._open_block("thinking")
+        delta = ContentBlockDelta(index=self._blocks - 1, delta=ThinkingDelta(thinking=text))
+        return [*events, event(delta)]
+
+    def text(self, text: str) -> list[bytes]:
+        """A text delta, in a text block (started when none is open)."""
+        if not text:
+            return []
+        events = self._open_block("text")
         delta = ContentBlockDelta(index=self._blocks - 1, delta=TextDelta(text=text))
         return [*events, event(delta)]
+
+    def calls(self, deltas: tuple[CallDelta, ...]) -> list[bytes]:
+        """A tool use's start once its name is written, then its input as it comes."""
+        events: list[bytes] = []
+        for delta in deltas:
+            if delta.name:
+                events += self._stop()
+                events.append(self._start(ToolUseContent(id=delta.id, name=delta.name, input={})))
+                self._open, self._streamed = "tool_use", self._streamed + 1
+            else:
+                more = InputJsonDelta(partial_json=delta.arguments)
+                events.append(event(ContentBlockDelta(index=self._blocks - 1, delta=more)))
+        return events
+
+    def _open_block(self, kind: BlockKind) -> list[bytes]:
+        """The events that make a block of ``kind`` the open one (none when it is)."""
+        if self._open == kind:
+            return []
+        events = self._stop()
+        empty: ContentBlock = (
+            TextContent(text="") if kind == "text" else ThinkingContent(thinking="", signature="")
+        )
+        self._texts += kind == "text"
+        self._open = kind
+        return [*events, self._start(empty)]
 
     def _start(self, block: ContentBlock) -> bytes:
         self._blocks += 1
         return event(ContentBlockStart(index=self._blocks - 1, content_block=block))
 
-    def _stop(self) -> bytes:
-        self._text_open = False
-        return event(ContentBlockStop(index=self._blocks - 1))
+    def _stop(self) -> list[bytes]:
+        """The end of the open block, if one is: a thinking block's signature first."""
+        if self._open is None:
+            return []
+        index, events = self._blocks - 1, []
+        if self._open == "thinking":
+            signature = SignatureDelta(signature=self.record.request_id)
+            events.append(event(ContentBlockDelta(index=index, delta=signature)))
+        self._open = None
+        return [*events, event(ContentBlockStop(index=index))]
 
     async def end(self, end: RequestUpdate) -> list[bytes]:
         ending = self.output.end(end)
-        events = self.text(ending.text)
-        if not self._blocks and not ending.calls:
-            events.append(self._start(TextContent(text="")))
-            self._text_open = True
-        if self._text_open:
-            events.append(self._stop())
-        for call in ending.calls:
+        events = [*self.thinking(ending.reasoning), *self.text(ending.text)]
+        if not self._texts and not ending.calls and not self._streamed:
+            events += self._open_block("text")  # a reply has a text block, even empty
+        events += self._stop()
+        for call in ending.calls[self._streamed :]:  # those not streamed: whole
             events.append(self._start(_tool_use(call, {})))
             delta = InputJsonDelta(partial_json=call.function.arguments)
-            events += [event(ContentBlockDelta(index=self._blocks - 1, delta=delta)), self._stop()]
+            events.append(event(ContentBlockDelta(index=self._blocks - 1, delta=delta)))
+            events.append(event(ContentBlockStop(index=self._blocks - 1)))
         reason, sequence = await self._reply.stop(ending.reason, self.token_ids)
         usage = _usage(self.record, end)
         stop = StopInfo(stop_reason=reason, stop_sequence=sequence)

@@ -27,6 +27,7 @@ from tinyserve.frontend.link.engine_link import EngineLink
 from tinyserve.frontend.prompt.chat_template import ChatTemplate
 from tinyserve.frontend.prompt.tokenizer import Tokenizer
 from tinyserve.frontend.request.gate import Gate
+from tinyserve.frontend.request.notices import Notices
 from tinyserve.frontend.request.sampling_defaults import sampling_defaults
 from tinyserve.frontend.request.state import (
     CHAT_TEMPLATE,
@@ -36,6 +37,7 @@ from tinyserve.frontend.request.state import (
     GATE,
     LINK,
     METRICS,
+    NOTICES,
     SAMPLING_DEFAULTS,
     TOKENIZER,
     TRACING,
@@ -63,10 +65,11 @@ def build_app(config: Config, tracing: Tracing | None = None) -> web.Application
     app[TRACING] = tracing or Tracing()  # the caller owns it (and flushes it at exit)
     app[GATE] = gate
     app[METRICS] = meters
+    app[NOTICES] = Notices(meters)
     app[FEED_HUB] = FeedHub()
     app.cleanup_ctx.append(_tokenizer_ctx)
     app.cleanup_ctx.append(_engine_ctx)
-    app.on_response_prepare.append(_stamp_frontend)
+    app.on_response_prepare.append(_stamp_response)
     add_routes(app)
     return app
 
@@ -84,9 +87,10 @@ async def drain_app(app: web.Application, timeout_s: float) -> None:
     app[CLIENT].fail_all("frontend shutting down: drain timeout reached")
 
 
-async def _stamp_frontend(_request: web.Request, response: web.StreamResponse) -> None:
+async def _stamp_response(request: web.Request, response: web.StreamResponse) -> None:
     # Which of the frontends sharing the port answered: the first question when debugging.
     response.headers["X-TinyServe-Frontend"] = str(os.getpid())
+    request.app[NOTICES].report(request, response)
 
 
 async def _tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -2,13 +2,13 @@
 
 ``OPERATIONS`` lists every route with the models of its bodies (``models``), whose JSON
 Schemas are the document's components; a test checks it against ``app.router``, so a route
-added without a description here fails the suite. The served copy is generated from the
-node's models (``limited``), so it carries the node's ``--max-tokens-limit``.
+added without a description here fails the suite.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import re
 from dataclasses import dataclass
 from importlib import metadata
@@ -16,7 +16,12 @@ from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, Field, RootModel
-from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, models_json_schema
+from pydantic.json_schema import (
+    GenerateJsonSchema,
+    JsonSchemaMode,
+    JsonSchemaValue,
+    models_json_schema,
+)
 from pydantic_core import core_schema
 
 from tinyserve.frontend.http.auth import is_open
@@ -33,9 +38,8 @@ from tinyserve.frontend.models import (
     responses_requests,
     tokenize,
 )
-from tinyserve.frontend.models.common import limited
+from tinyserve.frontend.models.common import IgnoredItem
 from tinyserve.frontend.models.errors import AnthropicError, Error, OpenAIError
-from tinyserve.frontend.request.state import CONFIG
 
 OPENAPI_VERSION = "3.1.0"
 BEARER = "bearer"  # the security schemes of the API keys: a bearer token, or x-api-key
@@ -133,9 +137,8 @@ _ERROR_TEXT = {
 }
 
 
-def document(max_tokens_limit: int | None = None) -> dict[str, Any]:
-    """The whole OpenAPI document; with a node's ``--max-tokens-limit``, as that node serves
-    it."""
+def document() -> dict[str, Any]:
+    """The whole OpenAPI document."""
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
         paths.setdefault(op.path, {})[op.method] = _operation(op)
@@ -149,7 +152,7 @@ def document(max_tokens_limit: int | None = None) -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": components(max_tokens_limit),
+            "schemas": components(),
             "securitySchemes": {
                 BEARER: {"type": "http", "scheme": "bearer"},
                 API_KEY: {"type": "apiKey", "in": "header", "name": "x-api-key"},
@@ -159,15 +162,12 @@ def document(max_tokens_limit: int | None = None) -> dict[str, Any]:
 
 
 @functools.cache
-def components(max_tokens_limit: int | None) -> dict[str, Schema]:
+def components() -> dict[str, Schema]:
     """The JSON Schema of every body: requests as they are validated, replies as they are
     written."""
     requests = dict.fromkeys(op.request for op in OPERATIONS if op.request)
     bodies = (m for op in OPERATIONS for m in (op.ok, op.events, op.error_schema) if m)
-    limit = max_tokens_limit
-    models: list[tuple[Model, JsonSchemaMode]] = [
-        (m if limit is None else limited(m, limit), "validation") for m in requests
-    ]
+    models: list[tuple[Model, JsonSchemaMode]] = [(m, "validation") for m in requests]
     models += [(m, "serialization") for m in dict.fromkeys(bodies) if m not in requests]
     _, schema = models_json_schema(models, ref_template=REF, schema_generator=_Generator)
     return dict(sorted(schema["$defs"].items()))
@@ -177,6 +177,14 @@ class _Generator(GenerateJsonSchema):
     def field_title_should_be_set(self, schema: core_schema.CoreSchema) -> bool:
         return False  # a property's title would only repeat its name
 
+    def tagged_union_schema(self, schema: core_schema.TaggedUnionSchema) -> JsonSchemaValue:
+        # A union open to other types (an IgnoredItem takes any object with a type) is "any
+        # of": the object of a known type is also an object of some type.
+        union = super().tagged_union_schema(schema)
+        if IgnoredItem.__name__ in json.dumps(union.get("oneOf", [])):
+            union["anyOf"] = union.pop("oneOf")
+        return union
+
 
 def ref(model: Model) -> Schema:
     """A reference to ``model``'s component schema."""
@@ -184,8 +192,8 @@ def ref(model: Model) -> Schema:
 
 
 async def openapi_json(request: web.Request) -> web.Response:
-    """This server's OpenAPI document, with its configured limits."""
-    return web.json_response(document(request.app[CONFIG].max_tokens_limit))
+    """This server's OpenAPI document."""
+    return web.json_response(document())
 
 
 def _operation(op: Operation) -> dict[str, Any]:

@@ -38,6 +38,15 @@ class TextContent(Reply):
     text: str
 
 
+class ThinkingContent(Reply):
+    """The model's thinking before its answer. ``signature`` is opaque: clients send the
+    block back as it came, and this server reads no signature."""
+
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str
+
+
 class ToolUseContent(Reply):
     type: Literal["tool_use"] = "tool_use"
     id: str
@@ -45,7 +54,7 @@ class ToolUseContent(Reply):
     input: dict[str, Any]
 
 
-ContentBlock = TextContent | ToolUseContent
+ContentBlock = ThinkingContent | TextContent | ToolUseContent
 
 
 class AnthropicMessage(Reply):
@@ -77,15 +86,27 @@ class TextDelta(Reply):
     text: str
 
 
+class ThinkingDelta(Reply):
+    type: Literal["thinking_delta"] = "thinking_delta"
+    thinking: str
+
+
+class SignatureDelta(Reply):
+    """Closes a thinking block."""
+
+    type: Literal["signature_delta"] = "signature_delta"
+    signature: str
+
+
 class InputJsonDelta(Reply):
     type: Literal["input_json_delta"] = "input_json_delta"
-    partial_json: str = Field(description="a tool's whole input (this server sends it at once)")
+    partial_json: str = Field(description="more of a tool's input, as the model writes it")
 
 
 class ContentBlockDelta(Reply):
     type: Literal["content_block_delta"] = "content_block_delta"
     index: int
-    delta: TextDelta | InputJsonDelta
+    delta: TextDelta | ThinkingDelta | SignatureDelta | InputJsonDelta
 
 
 class ContentBlockStop(Reply):

@@ -5,10 +5,11 @@ frontend serves.
 Shapes follow Anthropic's API reference (docs.anthropic.com, Messages): ``system`` as text
 or text blocks, ``messages`` whose content is text or blocks (``text``; ``tool_use`` in an
 assistant turn, ``tool_result`` in a user turn), client tools with an ``input_schema``,
-``tool_choice`` (auto, any, tool, none). As on the OpenAI surface, unknown fields are
-refused, fields for features this server lacks are accepted at their default only, and the
-sampling extensions (``top_k``, ``min_p``, ``priority``, ``tenant``, ``return_progress``...)
-are taken too.
+``tool_choice`` (auto, any, tool, none), ``thinking``. As on every surface, what this
+server does not know or does not do (unknown fields, server tools, image and document
+blocks, ``output_config.effort``...) is accepted, ignored and reported (``Ignored``,
+``IgnoredItem``), and the sampling extensions (``top_k``, ``min_p``, ``priority``,
+``tenant``, ``return_progress``...) are taken too.
 
 The translation (``chat_request``) makes the equivalent ``ChatCompletionRequest``: a tool
 result becomes a tool message, a tool use an assistant tool call, ``any`` is ``required``,
@@ -26,15 +27,17 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 from tinyserve.frontend.models.chat import ChatCompletionRequest
 from tinyserve.frontend.models.common import (
     IGNORED,
-    OUTPUT_LENGTH,
+    OTHER,
     RULE,
     Body,
+    Ignored,
+    IgnoredItem,
     Integer,
     Number,
-    OnlyDefault,
     Request,
     Text,
     cross_field,
+    open_by_type,
     schema_rule,
 )
 from tinyserve.frontend.models.fields import Sampling, Stop
@@ -43,7 +46,6 @@ from tinyserve.frontend.models.tools import FunctionName
 from tinyserve.frontend.models.translated import (
     LIST,
     TEXT,
-    by_type,
     chat_request,
     sampling_fields,
     tag,
@@ -58,13 +60,28 @@ class TextBlock(Body):
     type: Literal["text"]
     text: Text
     cache_control: Any = Field(None, description="accepted; this server caches every prefix")
-    citations: Annotated[Any, OnlyDefault(([],))] = None
+    citations: Annotated[Any, Ignored(([],))] = None
 
+
+# A system block Claude Code puts first, new on every request (``cch=`` changes): it is meant
+# for Anthropic's billing, says nothing to the model, and in front of the prompt it would cost
+# the prefix cache every agent turn. Left out of the prompt.
+BILLING_HEADER = "x-anthropic-billing-header:"
 
 TextBlocks = Annotated[list[TextBlock], Field(min_length=1)]
 TextOrBlocks = Annotated[
     Annotated[Text, Tag(TEXT)] | Annotated[TextBlocks, Tag(LIST)],
     text_or_list("a non-empty list of text blocks"),
+]
+# A tool's result: text, or blocks of which the text ones are read (an image, a document, a
+# tool reference is ignored, and reported).
+ResultBlock = Annotated[
+    Annotated[TextBlock, Tag(tag("text"))] | Annotated[IgnoredItem, Tag(OTHER)],
+    open_by_type("a content block with a 'type'", "text"),
+]
+ResultContent = Annotated[
+    Annotated[Text, Tag(TEXT)] | Annotated[list[ResultBlock], Tag(LIST)],
+    text_or_list("a list of content blocks"),
 ]
 
 
@@ -83,7 +100,7 @@ class ToolResultBlock(Body):
 
     type: Literal["tool_result"]
     tool_use_id: Text
-    content: TextOrBlocks | None = Field(None, description="text (none: empty)")
+    content: ResultContent | None = Field(None, description="text (none: empty)")
     is_error: bool | None = Field(False, description="the model reads the result as an error")
     cache_control: Any = Field(None, description=IGNORED)
 
@@ -94,11 +111,37 @@ class ToolResultBlock(Body):
         return f"Error: {text}" if self.is_error else text
 
 
+class ThinkingBlock(Body):
+    """An assistant's thinking in an earlier turn: accepted, and left out of the prompt (chat
+    templates render no thinking of turns before the last user message)."""
+
+    type: Literal["thinking"]
+    thinking: Text
+    signature: Any = Field(None, description=IGNORED)
+
+
+class RedactedThinkingBlock(Body):
+    """Thinking another server encrypted: accepted, and left out of the prompt."""
+
+    type: Literal["redacted_thinking"]
+    data: Any = Field(None, description=IGNORED)
+
+
 Block = Annotated[
     Annotated[TextBlock, Tag(tag("text"))]
     | Annotated[ToolUseBlock, Tag(tag("tool_use"))]
-    | Annotated[ToolResultBlock, Tag(tag("tool_result"))],
-    by_type("a content block of type text, tool_use or tool_result"),
+    | Annotated[ToolResultBlock, Tag(tag("tool_result"))]
+    | Annotated[ThinkingBlock, Tag(tag("thinking"))]
+    | Annotated[RedactedThinkingBlock, Tag(tag("redacted_thinking"))]
+    | Annotated[IgnoredItem, Tag(OTHER)],
+    open_by_type(
+        "a content block with a 'type'",
+        "text",
+        "tool_use",
+        "tool_result",
+        "thinking",
+        "redacted_thinking",
+    ),
 ]
 AnthropicContent = Annotated[
     Annotated[Text, Tag(TEXT)] | Annotated[list[Block], Field(min_length=1), Tag(LIST)],
@@ -108,9 +151,10 @@ AnthropicContent = Annotated[
 
 class MessageParam(Body):
     """A turn: text, or blocks (``tool_use`` from the assistant, ``tool_result`` from the
-    user)."""
+    user). A ``system`` turn (Claude Code sends them) is system text, which the conversation
+    moves into the system prompt (``prompt.conversation``)."""
 
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: AnthropicContent
 
     @model_validator(mode="after")
@@ -134,13 +178,13 @@ class MessageParam(Body):
                 messages.append(
                     {"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text}
                 )
-                continue
-            assert isinstance(block, TextBlock)  # a user turn holds no tool use (validated)
-            if messages and messages[-1]["role"] == "user":
-                messages[-1]["content"] += "\n" + block.text
-            else:
-                messages.append({"role": "user", "content": block.text})
-        return messages
+            elif isinstance(block, TextBlock):
+                if messages and messages[-1]["role"] == self.role:
+                    messages[-1]["content"] += "\n" + block.text
+                else:
+                    messages.append({"role": self.role, "content": block.text})
+        # A turn of ignored blocks only (an image) is still the turn, empty.
+        return messages or [{"role": self.role, "content": ""}]
 
 
 def _assistant_message(blocks: list[Any]) -> dict[str, Any]:
@@ -157,28 +201,36 @@ def _assistant_message(blocks: list[Any]) -> dict[str, Any]:
     return message
 
 
-def _joined(blocks: list[TextBlock]) -> str:
-    return "\n".join(block.text for block in blocks)
+def _joined(blocks: list[Any]) -> str:
+    return "\n".join(block.text for block in blocks if isinstance(block, TextBlock))
 
 
 # -- tools and output -----------------------------------------------------------------------------
 
 
 class AnthropicTool(Body):
-    """A client tool: the model's call follows ``input_schema`` (a grammar enforces it)."""
+    """A client tool: the model's call follows ``input_schema`` (a grammar enforces what it
+    can). Server tools (``web_search_...``, ``code_execution_...``) are other types: ignored."""
 
     name: FunctionName = Field(description="1-64 of A-Z, a-z, 0-9, _, . and -")
     description: Text | None = Field(None, description="shown to the model")
     input_schema: dict[str, Any] = Field(description="JSON schema of the tool's input")
-    type: Literal["custom"] | None = Field(None, description="client tools only")
+    type: Literal["custom"] | None = Field(None, description="client tools; others: ignored")
     strict: bool | None = Field(None, description="always enforced")
     cache_control: Any = Field(None, description=IGNORED)
     input_examples: Any = Field(None, description=IGNORED)
+    defer_loading: Annotated[Any, Ignored((False,))] = None
 
     def chat_tool(self) -> dict[str, Any]:
         function = {"name": self.name, "description": self.description,
                     "parameters": self.input_schema}  # fmt: skip
         return {"type": "function", "function": function}
+
+
+AnthropicToolItem = Annotated[
+    Annotated[AnthropicTool, Tag(tag("custom"))] | Annotated[IgnoredItem, Tag(OTHER)],
+    open_by_type("a tool object", "custom", missing="custom"),
+]
 
 
 class _Choice(Body):
@@ -229,7 +281,17 @@ class JsonOutputFormat(Body):
 
 class OutputConfig(Body):
     format: JsonOutputFormat | None = Field(None, description="structured output (enforced)")
-    effort: Annotated[Any, OnlyDefault()] = None
+    effort: Annotated[Any, Ignored()] = None
+
+
+class ThinkingConfig(Body):
+    """Whether the model thinks first. A model whose template thinks does so whatever this
+    says, and its thinking comes back as thinking blocks; one that does not, does not."""
+
+    type: Literal["enabled", "adaptive", "disabled"]
+    budget_tokens: Annotated[int, Integer(0)] | None = Field(
+        None, description="accepted; the thinking counts against max_tokens"
+    )
 
 
 class Metadata(Body):
@@ -258,43 +320,37 @@ class AnthropicConversation(Request):
     model: ModelId = Field(description="the id GET /v1/models lists")
     messages: Annotated[list[MessageParam], Field(min_length=1)]
     system: TextOrBlocks | None = Field(None, description="the system prompt")
-    tools: list[AnthropicTool] = Field(
-        [], description="client tools the model may use, each name once"
+    tools: list[AnthropicToolItem] = Field(
+        [], description="client tools the model may use, each name once (server tools: ignored)"
     )
     tool_choice: AnthropicToolChoice | None = Field(
         None,
         description="auto (the default with tools), any, a named tool (one of tools), or none",
     )
     output_config: OutputConfig | None = Field(
-        None, description="format: JSON following a schema (excludes tools)"
+        None, description="format: JSON following a schema (with tools: a call, or the JSON)"
     )
-    thinking: Annotated[Any, OnlyDefault(({"type": "disabled"},))] = None
-    mcp_servers: Annotated[Any, OnlyDefault(([],))] = None
-    container: Annotated[Any, OnlyDefault()] = None
-    context_management: Annotated[Any, OnlyDefault()] = None
-
-    @model_validator(mode="after")
-    def _format_excludes_tools(self) -> Self:
-        output = self.output_config
-        if output is not None and output.format is not None and self._calls_tools:
-            raise cross_field("output_config", "'output_config.format' excludes 'tools'")
-        return self
+    thinking: ThinkingConfig | None = Field(None, description="enabled, adaptive or disabled")
+    mcp_servers: Annotated[Any, Ignored(([],))] = None
+    container: Annotated[Any, Ignored()] = None
+    context_management: Annotated[Any, Ignored()] = None
 
     @property
-    def _calls_tools(self) -> bool:
-        return bool(self.tools) and not isinstance(self.tool_choice, NoneChoice)
+    def client_tools(self) -> list[AnthropicTool]:
+        return [tool for tool in self.tools if isinstance(tool, AnthropicTool)]
 
     def chat_fields(self) -> dict[str, Any]:
         """The chat completion request's fields for this conversation."""
         messages = [m for turn in self.messages for m in turn.chat_messages()]
-        if self.system is not None:
-            system = self.system if isinstance(self.system, str) else _joined(self.system)
+        system = self._system_text()
+        if system is not None:
             messages.insert(0, {"role": "system", "content": system})
         fields: dict[str, Any] = {"model": self.model, "messages": messages}
-        if self.tools:
-            fields["tools"] = [tool.chat_tool() for tool in self.tools]
+        tools = self.client_tools
+        if tools:
+            fields["tools"] = [tool.chat_tool() for tool in tools]
         choice = self.tool_choice
-        if choice is not None and (self.tools or choice.type != "auto"):
+        if choice is not None and (tools or choice.type != "auto"):
             fields["tool_choice"] = _chat_tool_choice(choice)
         if isinstance(choice, _Choice) and choice.disable_parallel_tool_use:
             fields["parallel_tool_calls"] = False
@@ -308,6 +364,13 @@ class AnthropicConversation(Request):
         """The equivalent chat completion request."""
         return chat_request(self.chat_fields())
 
+    def _system_text(self) -> str | None:
+        """The system prompt, without Claude Code's billing block (``BILLING_HEADER``)."""
+        if self.system is None or isinstance(self.system, str):
+            return self.system
+        blocks = [b for b in self.system if not b.text.startswith(BILLING_HEADER)]
+        return _joined(blocks) if blocks else None
+
 
 class CountTokensRequest(AnthropicConversation):
     """``POST /v1/messages/count_tokens``."""
@@ -316,8 +379,8 @@ class CountTokensRequest(AnthropicConversation):
 class MessagesRequest(AnthropicConversation, Sampling):
     """``POST /v1/messages``."""
 
-    max_tokens: Annotated[int, Integer(1), OUTPUT_LENGTH] = Field(
-        description="tokens to generate (at most --max-tokens-limit)"
+    max_tokens: Annotated[int, Integer(1)] = Field(
+        description="tokens to generate (more than --max-tokens-limit or the context left: clamped)"
     )
     stop: Stop = Field(
         [],

@@ -1,9 +1,9 @@
 """``POST /v1/chat/completions``: the request body and its messages.
 
 Roles: system, user, assistant, tool, and ``developer`` (OpenAI's newer name for system)
-taken as system. Content: a string, or a list of text parts joined by newlines; other part
-types are 400s. How messages, tools, tool calls and tool results reach the chat template is
-``prompt.conversation``'s.
+taken as system. Content: a string, or a list of text parts joined by newlines; parts of other
+types (images, audio, files) are ignored and reported. How messages, tools, tool calls and
+tool results reach the chat template is ``prompt.conversation``'s.
 """
 
 from __future__ import annotations
@@ -15,14 +15,17 @@ from pydantic.config import JsonDict
 
 from tinyserve.frontend.models.common import (
     IGNORED,
+    OTHER,
     RULE,
     Body,
+    Ignored,
+    IgnoredItem,
     OnlyDefault,
     Request,
     Text,
     cross_field,
+    open_by_type,
     schema_rule,
-    unsupported,
 )
 from tinyserve.frontend.models.fields import OutputLength
 from tinyserve.frontend.models.openai_requests import STREAM_RULE, LogprobCount, OpenAIRequest
@@ -33,31 +36,27 @@ class TextPart(Body):
     type: Literal["text"]
     text: Text
 
-    @model_validator(mode="before")
-    @classmethod
-    def _text_only(cls, data: Any) -> Any:
-        # Named at the part, not at its "type": the part is what this server cannot take.
-        if isinstance(data, dict) and data.get("type") != "text":
-            raise unsupported("only parts of type 'text'")
-        return data
-
 
 def _content_kind(value: Any) -> str | None:
     return TEXT if isinstance(value, str) else PARTS if isinstance(value, list) else None
 
 
 TEXT, PARTS = "(text)", "(parts)"  # branch tags: ``parse._path`` leaves them out
-TextParts = Annotated[list[TextPart], Field(min_length=1)]
+ContentPart = Annotated[
+    Annotated[TextPart, Tag("(text)")] | Annotated[IgnoredItem, Tag(OTHER)],
+    open_by_type("a content part with a 'type'", "text"),
+]
+TextParts = Annotated[list[ContentPart], Field(min_length=1)]
 Content = Annotated[
     Annotated[Text, Tag(TEXT)] | Annotated[TextParts, Tag(PARTS)],
     Discriminator(
         _content_kind,
         custom_error_type=RULE,
-        custom_error_message="must be a string or a non-empty list of text parts",
+        custom_error_message="must be a string or a non-empty list of content parts",
     ),
 ]
-# Message fields of features we lack, accepted while empty (clients echo them back as null).
-EmptyOnly = Annotated[Any, OnlyDefault(("", [], {}))]
+# Message fields of features we lack (clients echo them back, mostly as null or empty).
+EmptyOnly = Annotated[Any, Ignored(("", [], {}))]
 _MESSAGE_RULES: JsonDict = {
     "allOf": [
         {  # content, unless an assistant's
@@ -101,7 +100,9 @@ class ChatMessage(Body):
     def text(self) -> str:
         """The content as one text: parts joined by newlines, none as empty."""
         content = self.content or ""
-        return content if isinstance(content, str) else "\n".join(p.text for p in content)
+        if isinstance(content, str):
+            return content
+        return "\n".join(p.text for p in content if isinstance(p, TextPart))
 
 
 # Not in the document, checked here (the fields' descriptions say them): max_tokens and
@@ -145,7 +146,7 @@ class ConversationFields(Request):
     tools: list[Tool] = Field(
         [],
         description="functions the model may call, each name once, described in the prompt; "
-        "a chat completion's response_format other than text needs tool_choice none",
+        "with a response_format other than text, the reply is a call or that format",
     )
     tool_choice: ToolChoice | None = Field(
         None,
@@ -195,24 +196,25 @@ class ChatCompletionRequest(OpenAIRequest, ConversationFields):
         None, description="same as max_tokens (both given: they must agree)"
     )
     parallel_tool_calls: bool = Field(True, description="the reply may hold several calls")
-    # Ignored: bookkeeping and hints for OpenAI's own service, or only meaningful with tools.
+    # Accepted silently: bookkeeping and hints for OpenAI's own service.
     metadata: Any = Field(None, description=IGNORED)
-    store: Any = Field(None, description=IGNORED)
     service_tier: Any = Field(None, description=IGNORED)
     safety_identifier: Any = Field(None, description=IGNORED)
-    prompt_cache_key: Any = Field(None, description=IGNORED)
+    prompt_cache_key: Any = Field(None, description="accepted; this server caches every prefix")
     prompt_cache_retention: Any = Field(None, description=IGNORED)
     prompt_cache_options: Any = Field(None, description=IGNORED)
-    # Features this server lacks.
-    functions: Annotated[Any, OnlyDefault(([],))] = None
-    function_call: Annotated[Any, OnlyDefault(("none",))] = None
-    modalities: Annotated[Any, OnlyDefault((["text"],))] = None
+    # Features this server lacks, where the reply without them is still valid: ignored, and
+    # reported. Audio output is not such a feature: a reply without it is a 400.
+    store: Annotated[Any, Ignored((False,))] = None
+    functions: Annotated[Any, Ignored(([],))] = None
+    function_call: Annotated[Any, Ignored(("none",))] = None
+    modalities: Annotated[Any, Ignored((["text"],))] = None
     audio: Annotated[Any, OnlyDefault()] = None
-    prediction: Annotated[Any, OnlyDefault()] = None
-    web_search_options: Annotated[Any, OnlyDefault()] = None
-    reasoning_effort: Annotated[Any, OnlyDefault()] = None
-    verbosity: Annotated[Any, OnlyDefault()] = None
-    moderation: Annotated[Any, OnlyDefault()] = None
+    prediction: Annotated[Any, Ignored()] = None
+    web_search_options: Annotated[Any, Ignored()] = None
+    reasoning_effort: Annotated[Any, Ignored()] = None
+    verbosity: Annotated[Any, Ignored()] = None
+    moderation: Annotated[Any, Ignored()] = None
 
     @model_validator(mode="after")
     def _rules_across_fields(self) -> Self:
@@ -223,8 +225,6 @@ class ChatCompletionRequest(OpenAIRequest, ConversationFields):
             message = "'max_tokens' and 'max_completion_tokens' differ"
             raise cross_field("max_completion_tokens", message)
         self.check_conversation(self.messages)
-        if self.calls_tools and not self.text_format:
-            raise cross_field("response_format", "'response_format' excludes 'tools'")
         if self.grammar and self.calls_tools and self.tool_choice not in (None, "auto"):
             message = "'grammar' replaces the tools' grammar of tool_choice auto only"
             raise cross_field("grammar", message)

@@ -7,7 +7,7 @@ import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar, cast
+from typing import Annotated, Any
 
 import annotated_types as at
 from aiohttp import web
@@ -16,13 +16,12 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
-    Field,
+    Discriminator,
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
-    create_model,
     model_validator,
 )
 from pydantic.json_schema import JsonSchemaValue
@@ -38,17 +37,15 @@ OWN_ERRORS = frozenset({RULE, UNICODE, UNSUPPORTED, CROSS_FIELD})
 IGNORED = "accepted and ignored"
 JSON = "application/json"
 
-B = TypeVar("B", bound=BaseModel)
-
 
 class Body(BaseModel):
-    """An object of a request body: unknown fields refused, strict types (a bool is never a
-    number, a string never a number); in the document every optional property may be null.
-    Where null means a default other than None, the field says so (``| None``), or the object
-    is a ``Request``: nested objects are validated many times per body, so they skip its
-    Python validator."""
+    """An object of a request body: strict types (a bool is never a number, a string never a
+    number); unknown fields kept aside and reported as ignored (``ignored_fields``); in the
+    document every optional property may be null. Where null means a default other than None,
+    the field says so (``| None``), or the object is a ``Request``: nested objects are
+    validated many times per body, so they skip its Python validator."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)
 
     @classmethod
     def __get_pydantic_json_schema__(
@@ -70,7 +67,7 @@ class Request(Body):
     @model_validator(mode="before")
     @classmethod
     def _null_is_the_default(cls, data: Any) -> Any:
-        # An unknown field stays, null or not, so that it is still refused.
+        # An unknown field stays, null or not, so that it is still reported.
         if not isinstance(data, dict):
             return data
         known = _input_names(cls)
@@ -199,6 +196,9 @@ def _unicode(value: str) -> str:
     return value
 
 
+Text = Annotated[str, AfterValidator(_unicode)]
+
+
 @dataclass(frozen=True)
 class OnlyDefault:
     """Type of a field for a feature this server lacks: null, or one of ``values`` (what asks
@@ -229,10 +229,80 @@ def _same_json(value: Any, allowed: Any) -> bool:
     return bool(value == allowed) and isinstance(value, bool) == isinstance(allowed, bool)
 
 
-OUTPUT_LENGTH = "output length"  # marks a field bounded by --max-tokens-limit (``limited``)
-OUTPUT_LENGTH_OR_0 = "output length or 0"  # the same, 0 allowed (completions' echo alone)
+@dataclass(frozen=True)
+class Ignored:
+    """Type of a field that asks for something this server does not do, where the reply
+    without it is still a valid reply: any value is accepted, and one other than null or
+    ``defaults`` is reported as ignored (``ignored_fields``)."""
 
-Text = Annotated[str, AfterValidator(_unicode)]
+    defaults: tuple[Any, ...] = ()
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.any_schema()
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return {"description": "accepted and ignored (reported in X-TinyServe-Ignored)"}
+
+    def reports(self, value: Any) -> bool:
+        return value is not None and not any(_same_json(value, d) for d in self.defaults)
+
+
+class IgnoredItem(Body):
+    """An object of a list whose ``type`` this server does not serve (a server tool, an image
+    block, a reasoning item of another vendor): kept out of the request, reported as ignored."""
+
+    type: Text
+
+
+OTHER = "(other)"  # the tag of an ``IgnoredItem`` in a union told apart by ``type``
+
+
+def open_by_type(phrase: str, *known: str, missing: str | None = None) -> Discriminator:
+    """Tells the objects of a union apart by their ``type``: one of ``known`` (tagged by it, in
+    parentheses) or any other (``OTHER``: an ``IgnoredItem``); an object without one is of the
+    ``missing`` type where there is one, else, as anything but an object, a 400 "must be
+    ``phrase``"."""
+    tags = {kind: f"({kind})" for kind in known}
+
+    def kind_of(value: Any) -> str | None:
+        kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+        if kind is None and isinstance(value, dict | BaseModel):
+            kind = missing
+        return tags.get(kind, OTHER) if isinstance(kind, str) else None
+
+    return Discriminator(kind_of, custom_error_type=RULE, custom_error_message=f"must be {phrase}")
+
+
+def ignored_fields(body: BaseModel) -> list[str]:
+    """Where ``body`` holds what was ignored: unknown fields, ``Ignored`` fields set to other
+    than their default, ``IgnoredItem``s (with their type), as paths in the body."""
+    found: list[str] = []
+    _walk(body, "", found)
+    return found
+
+
+def _walk(value: Any, path: str, found: list[str]) -> None:
+    if isinstance(value, IgnoredItem):
+        found.append(f"{path}({value.type})")
+    elif isinstance(value, BaseModel):
+        for name, info in type(value).model_fields.items():
+            where = f"{path}.{info.alias or name}" if path else info.alias or name
+            sub = getattr(value, name)
+            marks = [m for m in info.metadata if isinstance(m, Ignored)]
+            if marks:
+                if marks[0].reports(sub):
+                    found.append(where)
+            elif isinstance(sub, BaseModel | list):
+                _walk(sub, where, found)
+        found += [f"{path}.{key}" if path else key for key in value.model_extra or ()]
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if isinstance(item, BaseModel):
+                _walk(item, f"{path}[{i}]", found)
 
 
 def schema_rule(
@@ -244,32 +314,3 @@ def schema_rule(
         "if": {"properties": {field: value}, "required": [field]},
         "then": {"properties": then, "required": list(then) if required else []},
     }
-
-
-def limited(model: type[B], limit: int) -> type[B]:
-    """``model`` as one node serves it: every ``OUTPUT_LENGTH`` field at most ``limit``."""
-    return cast(type[B], _limited(model, limit))
-
-
-def _bounded(low: int, limit: int, required: bool) -> Any:
-    # A required length (Anthropic's max_tokens) may not be null: null would mean "absent".
-    bounded = Annotated[int, Integer(low, limit)]
-    return bounded if required else bounded | None
-
-
-def _described(info: Any) -> Any:
-    return Field(info.default, description=info.description)
-
-
-@functools.cache
-def _limited(model: type[BaseModel], limit: int) -> type[BaseModel]:
-    lows = {OUTPUT_LENGTH: 1, OUTPUT_LENGTH_OR_0: 0}
-    fields: dict[str, Any] = {
-        name: (_bounded(lows[mark], limit, info.is_required()), _described(info))
-        for name, info in model.model_fields.items()
-        for mark in lows
-        if mark in info.metadata
-    }
-    return create_model(
-        model.__name__, __base__=model, __module__=model.__module__, __doc__=model.__doc__, **fields
-    )

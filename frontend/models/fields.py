@@ -10,7 +10,6 @@ from pydantic import BeforeValidator, Field
 
 from tinyserve.frontend.models.common import (
     INTEGRAL,
-    OUTPUT_LENGTH,
     Integer,
     Number,
     Request,
@@ -33,8 +32,9 @@ def _one_as_list(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
-# A number of tokens to generate; null or absent: --default-max-tokens.
-OutputLength = Annotated[Annotated[int, Integer(1)] | None, OUTPUT_LENGTH]
+# A number of tokens to generate; null or absent: the surface's default. More than
+# --max-tokens-limit or the context left is clamped (request.pipeline).
+OutputLength = Annotated[int, Integer(1)] | None
 Temperature = Annotated[float, Number(0, 2)]
 TopP = Annotated[float, Number(0, 1, above_low=True)]
 TopK = Annotated[

@@ -1,9 +1,10 @@
 """``POST /v1/completions`` and ``POST /v1/chat/completions`` request bodies.
 
 Every field of OpenAI's request schemas is one of: supported (declared with its type);
-ignored (bookkeeping or hints for OpenAI's own service that cannot change the output,
-declared ``Any`` and ``IGNORED``); a feature this server lacks, accepted at its default
-(``OnlyDefault``); anything else is refused as unknown. ``null`` means the default for every
+accepted silently (bookkeeping or hints for OpenAI's own service that cannot change the
+output, declared ``Any`` and ``IGNORED``); a feature this server lacks, accepted, ignored and
+reported (``Ignored``), or refused where the reply would not do without it (``OnlyDefault``);
+anything else is unknown, and ignored and reported too. ``null`` means the default for every
 known field. Extensions: ``priority``, ``tenant``, ``top_k``, ``ignore_eos``, ``grammar``
 (as llama.cpp's server takes it; not with a ``response_format`` other than text), and for
 chat ``add_generation_prompt`` / ``continue_final_message``.
@@ -19,10 +20,9 @@ from pydantic.config import JsonDict
 from tinyserve.frontend.models.common import (
     IGNORED,
     INTEGRAL,
-    OUTPUT_LENGTH_OR_0,
     Body,
+    Ignored,
     Integer,
-    OnlyDefault,
     Text,
     cross_field,
     expect,
@@ -138,7 +138,7 @@ Prompts = Annotated[
         f"{MAX_CHOICES} of either"
     ),
 ]
-OutputLengthOr0 = Annotated[Annotated[int, Integer(0)] | None, OUTPUT_LENGTH_OR_0]
+OutputLengthOr0 = Annotated[int, Integer(0)] | None
 
 
 # echo comes back in one JSON reply only.
@@ -170,8 +170,8 @@ class CompletionRequest(OpenAIRequest):
         description="the text starts with the prompt, and with logprobs so do the logprobs "
         "(the prompt's first token has none: null)",
     )
-    best_of: Annotated[Any, OnlyDefault((1,), "vLLM is removing it; use n")] = None
-    suffix: Annotated[Any, OnlyDefault(("",))] = None
+    best_of: Annotated[Any, Ignored((1,))] = None
+    suffix: Annotated[Any, Ignored(("",))] = None
 
     @model_validator(mode="after")
     def _echo_alone_needs_echo(self) -> Self:

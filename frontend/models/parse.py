@@ -2,9 +2,11 @@
 
 The body gate comes first: a ``Content-Type`` that is not JSON is a 415; the body must be a
 JSON object in UTF-8 with no key given twice (neither pydantic's JSON parser nor msgspec's
-refuses one, so Python's own reads the body). Then the model of the node
-(``limited``) validates it, and the first error becomes the 400: an unknown field or a
-feature we lack is reported before a bad value, since it says more about what went wrong.
+refuses one, so Python's own reads the body). Then the model validates it, and the first
+error becomes the 400: a feature we lack is reported before a bad value, since it says more
+about what went wrong. What the body holds
+that this server ignores (``common.ignored_fields``) is noted on the request
+(``IGNORED_FIELDS``), for the reply's header, the log and the metric (``request.notices``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from aiohttp import hdrs, web
 from pydantic import BaseModel, ValidationError
 
 from tinyserve.config import Config
-from tinyserve.frontend.models.common import CROSS_FIELD, UNSUPPORTED, limited
+from tinyserve.frontend.models.common import CROSS_FIELD, UNSUPPORTED, ignored_fields
 from tinyserve.frontend.models.errors import (
     REQUEST_TIMEOUT,
     UNSUPPORTED_MEDIA_TYPE,
@@ -27,6 +29,9 @@ from tinyserve.frontend.models.errors import (
 )
 
 M = TypeVar("M", bound=BaseModel)
+
+# A request's key: the paths of what it held that was ignored.
+IGNORED_FIELDS = web.RequestKey("ignored_fields", list[str])
 
 _REPORTED_FIRST = frozenset({"extra_forbidden", UNSUPPORTED})
 # pydantic's own messages as a rule of the field: "Input should be a valid boolean" ->
@@ -38,8 +43,13 @@ _NOT_AN_OBJECT = frozenset({"model_type", "model_attributes_type", "dict_type"})
 
 
 async def read_body(request: web.Request, model: type[M], config: Config) -> M:
-    """The body of ``request`` as ``model`` with this node's limits (``parse_body``)."""
-    return parse_body(await json_body(request, config.body_timeout), model, config)
+    """The body of ``request`` as ``model`` (``parse_body``); what it
+    holds that is ignored is noted on ``request``."""
+    body = parse_body(await json_body(request, config.body_timeout), model)
+    ignored = ignored_fields(body)
+    if ignored:
+        request[IGNORED_FIELDS] = ignored
+    return body
 
 
 async def json_body(request: web.Request, timeout_s: float) -> bytes:
@@ -62,12 +72,11 @@ async def json_body(request: web.Request, timeout_s: float) -> bytes:
         raise ApiError(408, REQUEST_TIMEOUT, message, headers={"Connection": "close"}) from None
 
 
-def parse_body(body: bytes, model: type[M], config: Config) -> M:
-    """``body`` as ``model`` with this node's limits; raises a 400 ``ApiError`` naming the
-    field at fault."""
+def parse_body(body: bytes, model: type[M]) -> M:
+    """``body`` as ``model``; raises a 400 ``ApiError`` naming the field at fault."""
     data = load_object(body)
     try:
-        return limited(model, config.max_tokens_limit).model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise api_error(exc) from None
 

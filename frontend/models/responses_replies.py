@@ -65,7 +65,23 @@ class FunctionToolCall(Reply):
     status: ItemStatus
 
 
-OutputItem = OutputMessage | FunctionToolCall
+class ReasoningText(Reply):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(Reply):
+    """The model's thinking before its answer (as open-weight reasoning models return it:
+    the text itself, no summary, nothing encrypted)."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[Any] = Field(default=[], description="always empty")
+    content: list[ReasoningText]
+    status: ItemStatus
+
+
+OutputItem = ReasoningItem | OutputMessage | FunctionToolCall
 
 
 class EchoedTool(Reply):
@@ -167,8 +183,24 @@ class OutputTextDone(_Event):
     logprobs: list[Any] = Field(default=[], description="always empty")
 
 
+class ReasoningTextDelta(_Event):
+    type: Literal["response.reasoning_text.delta"] = "response.reasoning_text.delta"
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+class ReasoningTextDone(_Event):
+    type: Literal["response.reasoning_text.done"] = "response.reasoning_text.done"
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+
+
 class ArgumentsDelta(_Event):
-    """A function call's arguments: this server sends them whole, in one delta."""
+    """More of a function call's arguments, as the model writes them."""
 
     type: Literal["response.function_call_arguments.delta"] = (
         "response.function_call_arguments.delta"
@@ -200,6 +232,8 @@ class ResponsesEvent(
         | ContentPartEvent
         | OutputTextDelta
         | OutputTextDone
+        | ReasoningTextDelta
+        | ReasoningTextDone
         | ArgumentsDelta
         | ArgumentsDone
         | ResponsesProgress

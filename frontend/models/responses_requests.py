@@ -4,11 +4,12 @@ into the chat completion request the rest of the frontend serves.
 Shapes follow OpenAI's API reference (platform.openai.com, Responses): ``input`` as text or
 a list of items (messages, ``function_call``s of earlier turns and their
 ``function_call_output``s), ``instructions``, function ``tools``, ``tool_choice``,
-``text.format``, ``max_output_tokens``. This server keeps no responses: ``store`` may only
-be false, and ``previous_response_id`` (or a stored ``conversation``) is a 400 saying to send
-the whole conversation in ``input``, as a stateless client (``store: false``) does. Unknown
-fields are refused, fields for features this server lacks are accepted at their default
-only, and the sampling extensions of the other surfaces are taken too.
+``text.format``, ``max_output_tokens``. This server keeps no responses: ``store`` is
+ignored, and ``previous_response_id`` (or a stored ``conversation``) is a 400 saying to send
+the whole conversation in ``input``, as a stateless client (``store: false``) does. What this
+server does not know or does not do (unknown fields, tools other than functions, ``include``,
+``reasoning``...) is accepted, ignored and reported, and the sampling extensions of the other
+surfaces are taken too.
 
 The translation (``chat_request``) makes the equivalent ``ChatCompletionRequest``:
 ``instructions`` is the first system message, a function call an assistant's tool call (with
@@ -18,20 +19,24 @@ the text before it, when there is some), its output a tool message, ``text.forma
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag
 
 from tinyserve.frontend.models.chat import ChatCompletionRequest
 from tinyserve.frontend.models.common import (
     IGNORED,
+    OTHER,
     RULE,
     Body,
+    Ignored,
+    IgnoredItem,
     OnlyDefault,
     Text,
-    cross_field,
+    open_by_type,
     schema_rule,
 )
+from tinyserve.frontend.models.errors import invalid
 from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, OutputLength, Sampling, Temperature
 from tinyserve.frontend.models.openai_requests import DEFAULT_TEMPERATURE, ModelId
 from tinyserve.frontend.models.response_format import JsonSchemaSpec
@@ -39,7 +44,6 @@ from tinyserve.frontend.models.tools import FunctionName
 from tinyserve.frontend.models.translated import (
     LIST,
     TEXT,
-    by_type,
     chat_request,
     sampling_fields,
     tag,
@@ -62,13 +66,16 @@ class OutputText(Body):
 
     type: Literal["output_text"]
     text: Text
-    annotations: Annotated[Any, OnlyDefault(([],))] = None
+    annotations: Annotated[Any, Ignored(([],))] = None
     logprobs: Any = Field(None, description=IGNORED)
 
 
+# Parts of other types (an image, a file, a refusal) are ignored, and reported.
 Part = Annotated[
-    Annotated[InputText, Tag(tag("input_text"))] | Annotated[OutputText, Tag(tag("output_text"))],
-    by_type("a part of type input_text or output_text"),
+    Annotated[InputText, Tag(tag("input_text"))]
+    | Annotated[OutputText, Tag(tag("output_text"))]
+    | Annotated[IgnoredItem, Tag(OTHER)],
+    open_by_type("a content part with a 'type'", "input_text", "output_text"),
 ]
 PartsContent = Annotated[
     Annotated[Text, Tag(TEXT)] | Annotated[list[Part], Field(min_length=1), Tag(LIST)],
@@ -91,8 +98,13 @@ class MessageItem(_Item):
 
     @property
     def text(self) -> str:
-        content = self.content
-        return content if isinstance(content, str) else "\n".join(p.text for p in content)
+        return _text(self.content)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(p.text for p in content if isinstance(p, InputText | OutputText))
 
 
 class FunctionCallItem(_Item):
@@ -111,30 +123,41 @@ class FunctionCallOutputItem(_Item):
     type: Literal["function_call_output"]
     call_id: Text
     output: Annotated[
-        Annotated[Text, Tag(TEXT)] | Annotated[list[InputText], Tag(LIST)],
-        text_or_list("a list of input_text parts"),
+        Annotated[Text, Tag(TEXT)] | Annotated[list[Part], Tag(LIST)],
+        text_or_list("a list of content parts"),
     ]
 
     @property
     def text(self) -> str:
-        output = self.output
-        return output if isinstance(output, str) else "\n".join(p.text for p in output)
+        return _text(self.output)
 
 
-def _item_kind(value: Any) -> str | None:
-    # A message may leave its type out (OpenAI's "easy input message").
-    return (
-        type_of({**value, "type": value.get("type") or "message"})
-        if isinstance(value, dict)
-        else None
-    )
+class ReasoningItem(_Item):
+    """Reasoning of an earlier response: accepted, and left out of the prompt (templates
+    render no thinking of turns before the last user message)."""
+
+    type: Literal["reasoning"]
+    summary: Any = Field(None, description=IGNORED)
+    content: Any = Field(None, description=IGNORED)
+    encrypted_content: Any = Field(None, description=IGNORED)
 
 
+# A message may leave its type out (OpenAI's "easy input message"). Items of other types (a
+# custom tool's call, a web search, an item reference) are ignored, and reported.
 Item = Annotated[
     Annotated[MessageItem, Tag(tag("message"))]
     | Annotated[FunctionCallItem, Tag(tag("function_call"))]
-    | Annotated[FunctionCallOutputItem, Tag(tag("function_call_output"))],
-    by_type("an item of type message, function_call or function_call_output", _item_kind),
+    | Annotated[FunctionCallOutputItem, Tag(tag("function_call_output"))]
+    | Annotated[ReasoningItem, Tag(tag("reasoning"))]
+    | Annotated[IgnoredItem, Tag(OTHER)],
+    open_by_type(
+        "an input item",
+        "message",
+        "function_call",
+        "function_call_output",
+        "reasoning",
+        missing="message",
+    ),
 ]
 Input = Annotated[
     Annotated[Text, Tag(TEXT)] | Annotated[list[Item], Field(min_length=1), Tag(LIST)],
@@ -155,7 +178,7 @@ def chat_messages(items: list[Any]) -> list[dict[str, Any]]:
             messages[-1].setdefault("tool_calls", []).append(call)
         elif isinstance(item, FunctionCallOutputItem):
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text})
-        else:
+        elif isinstance(item, MessageItem):
             messages.append({"role": item.role, "content": item.text})
     return messages
 
@@ -176,6 +199,14 @@ class FunctionTool(Body):
         function = {"name": self.name, "description": self.description,
                     "parameters": self.parameters}  # fmt: skip
         return {"type": "function", "function": function}
+
+
+# Tools of other types (custom, web_search, local_shell, mcp, a namespace of tools...) are
+# ignored, and reported: the model is offered the function tools.
+ToolItem = Annotated[
+    Annotated[FunctionTool, Tag(tag("function"))] | Annotated[IgnoredItem, Tag(OTHER)],
+    open_by_type("a tool object with a 'type'", "function"),
+]
 
 
 class FunctionChoice(Body):
@@ -214,7 +245,7 @@ TextFormat = Annotated[
 
 class TextConfig(Body):
     format: TextFormat | None = Field(None, description="text, any JSON, or JSON by a schema")
-    verbosity: Annotated[Any, OnlyDefault()] = None
+    verbosity: Annotated[Any, Ignored()] = None
 
     def response_format(self) -> dict[str, Any] | None:
         """The chat request's ``response_format`` (None: text, chat's default)."""
@@ -245,28 +276,32 @@ class ResponsesRequest(Sampling):
     model: ModelId = Field(description="the id GET /v1/models lists")
     input: Input = Field(description="text, or a list of messages and function call items")
     instructions: Text | None = Field(None, description="the system message, before 'input'")
-    tools: list[FunctionTool] = Field([], description="functions the model may call")
+    tools: list[ToolItem] = Field(
+        [], description="functions the model may call (tools of other types: ignored)"
+    )
     tool_choice: ResponsesToolChoice | None = Field(
         None, description="none, auto (the default with tools), required, or a function"
     )
     parallel_tool_calls: bool = Field(True, description="the reply may hold several calls")
     text: TextConfig | None = Field(
-        None, description="format: the output's, enforced (other than text: excludes tools)"
+        None, description="format: the output's, enforced (with tools: a call, or the format)"
     )
     max_output_tokens: OutputLength = Field(None, description=MAX_TOKENS_TEXT)
     temperature: Temperature = Field(DEFAULT_TEMPERATURE, description="0 is greedy")
     user: Text = Field("", description="end user: the tenant unless 'tenant' is given")
-    store: Annotated[Any, OnlyDefault((False,), STATELESS)] = None
+    # Asking to keep the response is ignored (nothing is kept: a later previous_response_id is
+    # the 400); one that names what was kept cannot be served.
+    store: Annotated[Any, Ignored((False,))] = None
     previous_response_id: Annotated[Any, OnlyDefault((), STATELESS)] = None
     conversation: Annotated[Any, OnlyDefault((), STATELESS)] = None
     background: Annotated[Any, OnlyDefault((False,))] = None
-    include: Annotated[Any, OnlyDefault(([],))] = None
-    reasoning: Annotated[Any, OnlyDefault()] = None
     prompt: Annotated[Any, OnlyDefault()] = None
-    truncation: Annotated[Any, OnlyDefault(("disabled",))] = None
-    top_logprobs: Annotated[Any, OnlyDefault((0,))] = None
-    max_tool_calls: Annotated[Any, OnlyDefault()] = None
-    context_management: Annotated[Any, OnlyDefault()] = None
+    include: Annotated[Any, Ignored(([],))] = None
+    reasoning: Annotated[Any, Ignored()] = None
+    truncation: Annotated[Any, Ignored(("disabled",))] = None
+    top_logprobs: Annotated[Any, Ignored((0,))] = None
+    max_tool_calls: Annotated[Any, Ignored()] = None
+    context_management: Annotated[Any, Ignored()] = None
     # Ignored: bookkeeping and hints for OpenAI's own service.
     metadata: Any = Field(None, description=IGNORED)
     stream_options: Any = Field(None, description=IGNORED)
@@ -276,12 +311,9 @@ class ResponsesRequest(Sampling):
     prompt_cache_retention: Any = Field(None, description=IGNORED)
     prompt_cache_options: Any = Field(None, description=IGNORED)
 
-    @model_validator(mode="after")
-    def _format_excludes_tools(self) -> Self:
-        calls_tools = bool(self.tools) and self.tool_choice != "none"
-        if calls_tools and self.text is not None and self.text.response_format() is not None:
-            raise cross_field("text", "'text.format' excludes 'tools'")
-        return self
+    @property
+    def function_tools(self) -> list[FunctionTool]:
+        return [tool for tool in self.tools if isinstance(tool, FunctionTool)]
 
     def chat_request(self) -> ChatCompletionRequest:
         """The equivalent chat completion request (sampling fields left out stay out: the
@@ -294,12 +326,13 @@ class ResponsesRequest(Sampling):
             "max_tokens": self.max_output_tokens,
             "parallel_tool_calls": self.parallel_tool_calls,
         }
-        if self.tools:
-            fields["tools"] = [tool.chat_tool() for tool in self.tools]
+        tools = self.function_tools
+        if tools:
+            fields["tools"] = [tool.chat_tool() for tool in tools]
         choice = self.tool_choice
         if isinstance(choice, FunctionChoice):
             fields["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
-        elif choice is not None and (self.tools or choice != "auto"):
+        elif choice is not None and (tools or choice != "auto"):
             fields["tool_choice"] = choice
         response_format = None if self.text is None else self.text.response_format()
         if response_format is not None:
@@ -313,6 +346,9 @@ class ResponsesRequest(Sampling):
             if isinstance(items, str)
             else (chat_messages(items))
         )
+        if not messages:
+            message = "'input' has no message to answer (items of other types are ignored)"
+            raise invalid(message, "input")
         if self.instructions is not None:
             messages.insert(0, {"role": "system", "content": self.instructions})
         return messages

@@ -62,4 +62,7 @@ def generation_of(req: GenerateRequest, config: Config) -> Generation:
     """``/generate``'s request with every default resolved."""
     prompt_logprobs = -1 if req.prompt_logprobs is None else req.prompt_logprobs
     max_tokens = req.max_tokens or config.default_max_tokens
-    return resolved(req, max_tokens=max_tokens, prompt_logprobs=prompt_logprobs)
+    return resolved(
+        req, max_tokens=max_tokens, max_tokens_asked=req.max_tokens is not None,
+        prompt_logprobs=prompt_logprobs,
+    )  # fmt: skip

@@ -1,8 +1,9 @@
 """For the surfaces that answer in other shapes what the chat surface generates (Anthropic's
-Messages, OpenAI's Responses): a chat reply's text as it comes (``ChatOutput``), held back
-while it may still be a tool call, then at the end its last text, its tool calls and its
-finish reason, decided as a chat completion decides them; and the order of a streamed
-reply's events (``ChatEvents``), which each surface fills in with its own."""
+Messages, OpenAI's Responses): a chat reply's thinking, text and tool calls as they come
+(``ChatOutput``; the text held back while it may still be a tool call), then at the end its
+last text, its tool calls and its finish reason, decided as a chat completion decides them;
+and the order of a streamed reply's events (``ChatEvents``), which each surface fills in
+with its own."""
 
 from __future__ import annotations
 
@@ -18,38 +19,43 @@ from tinyserve.frontend.models.progress import PromptProgress
 from tinyserve.frontend.openai.openai_stream import finish_reason, openai_error
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import collect, progress_of
-from tinyserve.frontend.structured.reply_parser import ReplyParser
+from tinyserve.frontend.structured.reply_parser import CallDelta, Parts, ReplyParser
 from tinyserve.protocol import RequestUpdate
 
 
 @dataclass(frozen=True)
 class Ending:
-    """How a reply ends: text not sent yet, the tool calls it made, why it ended."""
+    """How a reply ends: thinking and text not sent yet, the tool calls it made, why it
+    ended."""
 
+    reasoning: str
     text: str
     calls: list[ToolCall]
     reason: FinishReason
 
 
 class ChatOutput:
-    """One reply's text, read by ``parser`` (its tool calls in the model's syntax); a parser
-    without reasoning tags: these surfaces send thinking as text."""
+    """One reply's thinking and text, read by ``parser`` (its reasoning tags, its tool calls
+    in the model's syntax)."""
 
     def __init__(self, parser: ReplyParser) -> None:
         self._stream = parser.stream()
+        self.reasoning = ""  # the reply's thinking so far, as sent
         self.text = ""  # the reply's text so far, as sent
 
-    def feed(self, text: str) -> str:
+    def feed(self, text: str) -> Parts:
         """What of ``text`` may be sent now."""
-        text = self._stream.feed(text).content
-        self.text += text
-        return text
+        parts = self._stream.feed(text)
+        self.reasoning += parts.reasoning
+        self.text += parts.content
+        return parts
 
     def end(self, end: RequestUpdate) -> Ending:
         """The end, once ``end`` came (a normal one: errors go another way)."""
         parsed = self._stream.end(finish_reason(end))
+        self.reasoning += parsed.reasoning
         self.text += parsed.content
-        return Ending(parsed.content, parsed.calls, parsed.reason)
+        return Ending(parsed.reasoning, parsed.content, parsed.calls, parsed.reason)
 
 
 async def collect_ending(
@@ -62,9 +68,9 @@ async def collect_ending(
     if error is not None:
         raise error
     chat = ChatOutput(parser)
-    text = chat.feed(text_of(whole))
+    chat.feed(text_of(whole))
     ending = chat.end(whole)
-    return whole, Ending(text + ending.text, ending.calls, ending.reason)
+    return whole, Ending(chat.reasoning, chat.text, ending.calls, ending.reason)
 
 
 class ChatEvents(ABC):
@@ -87,7 +93,10 @@ class ChatEvents(ABC):
         progress = progress_of(self.record, update)
         if progress is not None:
             events.append(self.progress(progress))
-        events += self.text(self.output.feed(text_of(update)))
+        parts = self.output.feed(text_of(update))
+        events += self.thinking(parts.reasoning)
+        events += self.text(parts.content)
+        events += self.calls(parts.calls)
         if update.finish_reason is not None:
             error = openai_error(update, self.load())
             events += [self.failure(error)] if error is not None else await self.end(update)
@@ -110,10 +119,18 @@ class ChatEvents(ABC):
         """The prompt's prefill so far."""
 
     @abstractmethod
+    def thinking(self, text: str) -> list[bytes]:
+        """New thinking (none: nothing)."""
+
+    @abstractmethod
     def text(self, text: str) -> list[bytes]:
         """New text (none: nothing)."""
 
     @abstractmethod
+    def calls(self, deltas: tuple[CallDelta, ...]) -> list[bytes]:
+        """Tool calls as they are written: a call's start, more of its arguments."""
+
+    @abstractmethod
     async def end(self, end: RequestUpdate) -> list[bytes]:
-        """The ending of a reply that ended normally: the last text, tool calls and the
-        reply's end."""
+        """The ending of a reply that ended normally: the last thinking and text, tool calls
+        and the reply's end."""

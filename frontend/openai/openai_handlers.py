@@ -20,7 +20,6 @@ from aiohttp import web
 from tinyserve.config import Config
 from tinyserve.frontend.models.chat import ChatCompletionRequest
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.errors import MODEL_NOT_FOUND, ApiError
 from tinyserve.frontend.models.openai_replies import Model, ModelList
 from tinyserve.frontend.models.openai_requests import CompletionRequest, OpenAIRequest
 from tinyserve.frontend.models.parse import read_body
@@ -29,7 +28,7 @@ from tinyserve.frontend.openai.openai_reply import OpenAIReply
 from tinyserve.frontend.openai.openai_stream import CHAT, COMPLETIONS, Surface
 from tinyserve.frontend.prompt import conversation
 from tinyserve.frontend.prompt.chat_template import ChatPrompt
-from tinyserve.frontend.request import pipeline
+from tinyserve.frontend.request import admission, pipeline
 from tinyserve.frontend.request.admission import serving
 from tinyserve.frontend.request.generation import Generation, check_token_ids, constrained, resolved
 from tinyserve.frontend.request.sampling_defaults import SamplingDefaults, left_out
@@ -48,14 +47,16 @@ OWNED_BY = "tinyserve"
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """The one served model; its id is ``--model-name`` or the model file's name."""
-    return json_response(ModelList(data=[_model_entry(request)]))
+    """The one served model; its id is ``--model-name`` or the model file's name, then each
+    ``--model-alias``."""
+    served = _model_entry(request)
+    aliases = [served.model_copy(update={"id": a}) for a in request.app[CONFIG].model_alias]
+    return json_response(ModelList(data=[served, *aliases]))
 
 
 async def retrieve_model(request: web.Request) -> web.Response:
-    """The served model by its id (the openai client's ``models.retrieve``); another id is
-    a 404."""
-    check_model(request, request.match_info["model"])
+    """The served model by an id it answers to (the openai client's ``models.retrieve``)."""
+    served_model(request, request.match_info["model"])
     return json_response(_model_entry(request))
 
 
@@ -75,26 +76,19 @@ def _model_entry(request: web.Request) -> Model:
     )
 
 
-def check_model(request: web.Request, model: str) -> None:
-    """A 404 for a model this server does not serve. Without the engine's word there is none
-    to check against: the pipeline answers that 503, counted and logged as every request's."""
-    ack = request.app[LINK].ack
-    if ack is None:
-        return
-    served = ack.model_name
-    if model != served:
-        message = f"model {model!r} does not exist; this server serves {served!r}"
-        raise ApiError(404, MODEL_NOT_FOUND, message, param="model")
+def served_model(request: web.Request, asked: str) -> str:
+    """The id of the model that serves a request naming ``asked`` (``admission.model_of``)."""
+    return admission.model_of(request.app[LINK].ack, request.app[CONFIG].model_alias, asked)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     """Continue a prompt (a string or token ids); JSON or SSE."""
     config = request.app[CONFIG]
     req = await read_body(request, CompletionRequest, config)
-    check_model(request, req.model)
+    model = served_model(request, req.model)
     generation = completion_generation(req, config, request.app[SAMPLING_DEFAULTS])
     generation = await constrained(request, generation, constraints.of_openai(req))
-    reply = _reply(request, req, COMPLETIONS, generation.sampling.logprobs)
+    reply = _reply(request, req, model, COMPLETIONS, generation.sampling.logprobs)
     if len(req.prompt) == 1 and req.n == 1 and not req.echo:  # one request, JSON or SSE
         [prompt] = req.prompt
         if isinstance(prompt, list):
@@ -111,9 +105,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     """Answer a conversation, rendered with the model's own chat template; JSON or SSE."""
     config = request.app[CONFIG]
     req = await read_body(request, ChatCompletionRequest, config)
-    check_model(request, req.model)
+    model = served_model(request, req.model)
     generation, parser = await chat_generation(request, req)
-    reply = _reply(request, req, CHAT, generation.sampling.logprobs, parser)
+    reply = _reply(request, req, model, CHAT, generation.sampling.logprobs, parser)
     if req.n == 1:
         return await pipeline.run(request, generation, reply)
     assert isinstance(generation.prompt, ChatPrompt)
@@ -146,10 +140,11 @@ def chat_generation_of(
     prompt: str | ChatPrompt = "",
 ) -> Generation:
     """A chat request with every default resolved, its rendered ``prompt`` given."""
-    max_tokens = req.max_completion_tokens or req.max_tokens or config.default_max_tokens
+    asked = req.max_completion_tokens or req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else -1
     return openai_generation(
-        req, defaults, prompt=prompt, prompt_field="messages", max_tokens=max_tokens,
+        req, defaults, prompt=prompt, prompt_field="messages",
+        max_tokens=asked or config.default_max_tokens, max_tokens_asked=asked is not None,
         logprobs=logprobs,
     )  # fmt: skip
 
@@ -164,7 +159,8 @@ def completion_generation(
     [one] = req.prompt if len(req.prompt) == 1 else [None]
     return openai_generation(
         req, defaults, prompt=one if isinstance(one, str) else "", max_tokens=max_tokens,
-        logprobs=logprobs, prompt_logprobs=logprobs if req.echo else -1,
+        max_tokens_asked=req.max_tokens is not None, logprobs=logprobs,
+        prompt_logprobs=logprobs if req.echo else -1,
     )  # fmt: skip
 
 
@@ -194,12 +190,13 @@ def _tenant_of_user(user: str) -> str:
 def _reply(
     request: web.Request,
     req: OpenAIRequest,
+    model: str,
     surface: Surface,
     logprobs: int,
     parser: ReplyParser | None = None,
 ) -> OpenAIReply:
     tokenizer = request.app[TOKENIZER]
-    return OpenAIReply(surface, req.model, req.include_usage, tokenizer, logprobs, parser)
+    return OpenAIReply(surface, model, req.include_usage, tokenizer, logprobs, parser)
 
 
 async def _prompt(request: web.Request, prompt: str | list[int]) -> choices.Prompt:

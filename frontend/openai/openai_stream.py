@@ -229,8 +229,9 @@ class StreamEvents:
             tokens = await self._form.logprobs_of(update.token_ids, update.logprobs)
         reasoning, text = "", text_of(update)
         reading = self._reading[index]
-        if reading is not None:
-            reasoning, text = reading.feed(text)
+        if reading is not None:  # tool calls go out whole, at the end (``_end``)
+            parts = reading.feed(text)
+            reasoning, text = parts.reasoning, parts.content
         if not text and not reasoning and tokens is None:
             return None
         offset = self._chars[index]

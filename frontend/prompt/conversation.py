@@ -4,7 +4,8 @@ A template with its own tool syntax (``structured.tool_syntax``) is given the to
 assistant's tool calls and the tools' results as Hugging Face's ``apply_chat_template``
 gives them; any other gets the generic format of ``structured.tool_calls``: the tools
 described in a system message (added to the first one when there is one), a call written in
-the assistant's text, a tool's result as a user message. ``developer`` is ``system``.
+the assistant's text, a tool's result as a user message. ``developer`` is ``system``, and
+system messages after the first turn are moved into the system prompt.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def template_messages(
     """``messages`` as the template takes them: as they are for a template with its
     ``own_tools`` syntax, else in the generic format with the tools offered in a system
     message."""
-    written = [_message(message, own_tools) for message in messages]
+    written = _system_first([_message(message, own_tools) for message in messages])
     if own_tools or not fields.calls_tools:
         return written
     offer = tool_calls.tools_prompt(fields.tools, fields.tool_choice or "auto")
@@ -63,3 +64,16 @@ def _message(message: ChatMessage, own_tools: bool) -> TemplateMessage:
     if own_tools and message.tool_call_id is not None:
         templated["tool_call_id"] = message.tool_call_id
     return templated
+
+
+def _system_first(messages: list[TemplateMessage]) -> list[TemplateMessage]:
+    """``messages`` with every system message after the first other one moved into the
+    system prompt (after its text, in order): agents put system messages anywhere in a
+    conversation, and many templates refuse one that is not first."""
+    lead = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    later = [m for m in messages[lead:] if m["role"] == "system"]
+    if not later:
+        return messages
+    head = "\n\n".join(m["content"] for m in [*messages[:lead], *later])
+    rest = [m for m in messages[lead:] if m["role"] != "system"]
+    return [{"role": "system", "content": head}, *rest]

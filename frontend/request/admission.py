@@ -24,6 +24,7 @@ from tinyserve.frontend.link.streams import ENGINE_LOST
 from tinyserve.frontend.models.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     ENGINE_ERROR,
+    MODEL_NOT_FOUND,
     SERVICE_UNAVAILABLE,
     TOO_MANY_REQUESTS,
     ApiError,
@@ -107,11 +108,7 @@ def admit(
         )
         return NeverFits(PROMPT_TOO_LONG, message, prompt_field)
     if not capacity.fits_context(prompt_tokens, max_tokens, limits.n_ctx):
-        message = (
-            f"prompt_tokens ({prompt_tokens}) + max_tokens ({max_tokens}) exceeds "
-            f"the context length ({limits.n_ctx})"
-        )
-        return NeverFits(protocol.REJECT_TOO_LONG, message, prompt_field)
+        return too_long(prompt_tokens, limits.n_ctx, prompt_field)
     if load.draining:
         return engine_draining(load)
     # A request waits in the engine's queue unless a free slot takes it at the next tick:
@@ -130,6 +127,24 @@ def admit(
         f"{queued} requests are queued (limit {limits.max_queue})",
         retry_after_s(queued, load.drain_rate),
     )
+
+
+def fitted_max_tokens(prompt_tokens: int, max_tokens: int, n_ctx: int, limit: int) -> int:
+    """``max_tokens`` as served: at most ``limit`` (``--max-tokens-limit``) and what a slot's
+    ``n_ctx`` cells leave after the prompt (at least 1: a prompt that leaves none never fits)."""
+    return min(max_tokens, limit, max(n_ctx - prompt_tokens, 1))
+
+
+def too_long(prompt_tokens: int, n_ctx: int, prompt_field: str) -> NeverFits:
+    """The 400 of a prompt that leaves no room in a slot's context for one token: worded as
+    Anthropic's ("prompt is too long", which Claude Code acts on by compacting) and OpenAI's
+    (``context_length_exceeded``, the model's maximum context length), so clients of either
+    recognise it."""
+    message = (
+        f"prompt is too long: {prompt_tokens} tokens > {n_ctx - 1} maximum (this model's "
+        f"maximum context length is {n_ctx} tokens, the prompt and at least one output token)"
+    )
+    return NeverFits(protocol.REJECT_TOO_LONG, message, prompt_field)
 
 
 def engine_refusal(detail: str, load: NodeLoad, prompt_field: str = "prompt") -> NeverFits | NotNow:
@@ -159,6 +174,21 @@ def frontend_draining() -> NotNow:
 def no_engine(detail: str = "engine unavailable") -> NotNow:
     """No engine serves this frontend now (not started, died, restarting)."""
     return NotNow(REASON_ENGINE_UNAVAILABLE, detail, ENGINE_DOWN_RETRY_S)
+
+
+def model_of(ack: HelloAck | None, aliases: tuple[str, ...], asked: str) -> str:
+    """The id of the model that serves a request naming ``asked``, which the reply names. A
+    node serves one model and answers to any id a client sends (agents ask for their vendor's
+    names, one for the main loop and another for background tasks), unless ``--model-alias``
+    closes the list: then an id that is neither the model's nor an alias is a 404. Without the
+    engine's word (``ack`` None) ``asked`` stands: the pipeline answers the 503."""
+    if ack is None:
+        return asked
+    served = ack.model_name
+    if aliases and asked != served and asked not in aliases:
+        message = f"model {asked!r} does not exist; this server serves {served!r}"
+        raise ApiError(404, MODEL_NOT_FOUND, message, param="model")
+    return served
 
 
 def serving(link: EngineLink) -> HelloAck:

@@ -15,6 +15,7 @@ from aiohttp import web
 from tinyserve.frontend.models.errors import ApiError, invalid
 from tinyserve.frontend.models.fields import Sampling
 from tinyserve.frontend.prompt.chat_template import ChatPrompt
+from tinyserve.frontend.request import notices
 from tinyserve.frontend.request.admission import serving
 from tinyserve.frontend.request.state import LINK, METRICS, TOKENIZER
 from tinyserve.frontend.structured.constraints import Constraint
@@ -28,7 +29,7 @@ class Generation:
     rendered (tokenized in parts)."""
 
     prompt: str | ChatPrompt
-    max_tokens: int
+    max_tokens: int  # more than fits is clamped at admission (``request.pipeline``)
     sampling: SamplingParams
     stream: bool = False
     priority: int = 0
@@ -41,6 +42,9 @@ class Generation:
     # The body field the prompt came from: the one a 400 about the prompt's length names
     # (OpenAI's ``param``).
     prompt_field: str = "prompt"
+    # The client named ``max_tokens`` (a clamp is reported), rather than leaving it to the
+    # surface's default.
+    max_tokens_asked: bool = True
 
 
 _SAMPLING = frozenset(field.name for field in dataclasses.fields(SamplingParams))
@@ -71,12 +75,17 @@ async def constrained(
     request: web.Request, generation: Generation, constraint: Constraint
 ) -> Generation:
     """``generation`` with the constraint's grammar, every check passed (else a 400); both
-    outcomes of a constraint are counted (``tinyserve_constrained_requests_total``)."""
+    outcomes of a constraint are counted (``tinyserve_constrained_requests_total``), and what
+    of its schemas the grammar does not enforce is reported (``notices``)."""
     source, counted = constraint.source, request.app[METRICS].constrained_requests_total
     try:
         if source is not None:
-            sampling = dataclasses.replace(generation.sampling, grammar=constraint.build())
+            grammar, unenforced = constraint.build()
+            sampling = dataclasses.replace(generation.sampling, grammar=grammar)
             generation = dataclasses.replace(generation, sampling=sampling)
+            if unenforced:  # one notice per field, naming the keywords (places: the log's)
+                keywords = ", ".join(sorted({where.rsplit(": ", 1)[-1] for where in unenforced}))
+                notices.note(request, f"{constraint.field} schema keywords ({keywords})")
         await _check(request, generation, constraint.field)
     except ApiError:
         if source is not None:

@@ -8,6 +8,7 @@ an error. The surfaces differ only in how they parse and translate, and in how t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from aiohttp import web
@@ -16,7 +17,7 @@ from tinyserve import protocol
 from tinyserve.frontend.link.engine_client import EngineUnreachable
 from tinyserve.frontend.link.streams import RequestStream
 from tinyserve.frontend.models.errors import ApiError, invalid
-from tinyserve.frontend.request import admission
+from tinyserve.frontend.request import admission, notices
 from tinyserve.frontend.request.generation import Generation, check_token_ids
 from tinyserve.frontend.request.observe import (
     admission_figures,
@@ -82,8 +83,9 @@ def _admit(request: web.Request, record: RequestRecord) -> None:
     limits, load = link.limits, link.load()
     if limits is None or load is None:
         raise admission.no_engine()
-    prompt_tokens, req = record.prompt_tokens, record.generation
-    max_prompt = request.app[CONFIG].max_prompt_tokens
+    prompt_tokens, config = record.prompt_tokens, request.app[CONFIG]
+    _clamp(request, record, limits.n_ctx, config.max_tokens_limit)
+    req, max_prompt = record.generation, config.max_prompt_tokens
     refusal = admission.admit(
         prompt_tokens, req.max_tokens, limits, load, max_prompt, req.prompt_field
     )
@@ -91,6 +93,18 @@ def _admit(request: web.Request, record: RequestRecord) -> None:
     if refusal is not None:
         request.app[METRICS].admission_rejections_total.labels(STAGE, refusal.label).inc()
         raise refusal
+
+
+def _clamp(request: web.Request, record: RequestRecord, n_ctx: int, limit: int) -> None:
+    """An output length over ``limit`` or the context left is served as what fits, and said
+    so when the client named it (``notices``)."""
+    req = record.generation
+    fitted = admission.fitted_max_tokens(record.prompt_tokens, req.max_tokens, n_ctx, limit)
+    if fitted == req.max_tokens:
+        return
+    record.generation = dataclasses.replace(req, max_tokens=fitted)
+    if req.max_tokens_asked:
+        notices.note(request, f"max_tokens (clamped to {fitted})")
 
 
 def _submit(record: RequestRecord, frontend_id: str) -> protocol.Submit:

@@ -11,6 +11,7 @@ from tinyserve.frontend.link.engine_link import EngineLink
 from tinyserve.frontend.prompt.chat_template import ChatTemplate
 from tinyserve.frontend.prompt.tokenizer import Tokenizer
 from tinyserve.frontend.request.gate import Gate
+from tinyserve.frontend.request.notices import Notices
 from tinyserve.frontend.request.sampling_defaults import SamplingDefaults
 from tinyserve.metrics import FrontendMetrics
 from tinyserve.tracing import Tracing
@@ -27,3 +28,4 @@ SAMPLING_DEFAULTS = web.AppKey("sampling_defaults", SamplingDefaults)
 TRACING = web.AppKey("tracing", Tracing)
 METRICS = web.AppKey("metrics", FrontendMetrics)
 GATE = web.AppKey("gate", Gate)
+NOTICES = web.AppKey("notices", Notices)

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from tinyserve.frontend.models.parse import read_body
 from tinyserve.frontend.models.responses_requests import ResponsesRequest
-from tinyserve.frontend.openai.openai_handlers import chat_generation, check_model
+from tinyserve.frontend.openai.openai_handlers import chat_generation, served_model
 from tinyserve.frontend.request import pipeline
 from tinyserve.frontend.request.state import CONFIG
 from tinyserve.frontend.responses.responses_reply import ResponsesReply
@@ -25,8 +25,10 @@ from tinyserve.frontend.responses.responses_reply import ResponsesReply
 async def responses(request: web.Request) -> web.StreamResponse:
     """Answer an input in the Responses API's shapes; JSON or SSE."""
     req = await read_body(request, ResponsesRequest, request.app[CONFIG])
-    check_model(request, req.model)
+    model = served_model(request, req.model)
     generation, parser = await chat_generation(request, req.chat_request())
-    # Thinking stays in the text here until the Responses API's reasoning items are served.
-    reply = ResponsesReply(req, generation, dataclasses.replace(parser, reasoning=None))
+    if req.max_output_tokens is None:  # an agent's turn: until the model stops or fills
+        limit = request.app[CONFIG].max_tokens_limit
+        generation = dataclasses.replace(generation, max_tokens=limit, max_tokens_asked=False)
+    reply = ResponsesReply(req, model, generation, parser)
     return await pipeline.run(request, generation, reply)

@@ -1,18 +1,21 @@
 """Replies of ``POST /v1/responses``.
 
 JSON: a ``Response``. SSE, each event named by its type and numbered (``sequence_number``):
-``response.created`` and ``response.in_progress``; for the message, ``output_item.added``,
-``content_part.added``, ``output_text.delta``s as the text comes, ``output_text.done``,
-``content_part.done``, ``output_item.done``; for each function call, ``output_item.added``,
-its arguments whole in one ``function_call_arguments.delta``, ``.done`` and
-``output_item.done``; then exactly one of ``response.completed``, ``response.incomplete``
-(``max_output_tokens`` reached) and ``response.failed`` (an error after the stream began).
-Keep-alive comments fill silences (``--sse-ping-interval``); with ``return_progress``,
-``response.prompt_progress`` events report the prefill.
+``response.created`` and ``response.in_progress``; for the model's thinking, a reasoning
+item (``output_item.added``, ``reasoning_text.delta``s as it comes, ``reasoning_text.done``,
+``output_item.done``); for the message, ``output_item.added``, ``content_part.added``,
+``output_text.delta``s as the text comes, ``output_text.done``, ``content_part.done``,
+``output_item.done``; for each function call, ``output_item.added`` once its name is
+written, its arguments in ``function_call_arguments.delta``s as they are written, ``.done``
+and ``output_item.done``; then exactly one of ``response.completed``,
+``response.incomplete`` (``max_output_tokens`` reached) and ``response.failed`` (an error
+after the stream began). Keep-alive comments fill silences (``--sse-ping-interval``); with
+``return_progress``, ``response.prompt_progress`` events report the prefill.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +43,10 @@ from tinyserve.frontend.models.responses_replies import (
     OutputTextContent,
     OutputTextDelta,
     OutputTextDone,
+    ReasoningItem,
+    ReasoningText,
+    ReasoningTextDelta,
+    ReasoningTextDone,
     Response,
     ResponseError,
     ResponsesProgress,
@@ -52,20 +59,22 @@ from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import sse_event, write_sse
 from tinyserve.frontend.request.state import LINK
-from tinyserve.frontend.structured.reply_parser import ReplyParser
+from tinyserve.frontend.structured.reply_parser import CallDelta, ReplyParser
 from tinyserve.protocol import RequestUpdate
 
-ID_PREFIX, MESSAGE_PREFIX, CALL_PREFIX = "resp_", "msg_", "fc_"
+ID_PREFIX, MESSAGE_PREFIX, CALL_PREFIX, REASONING_PREFIX = "resp_", "msg_", "fc_", "rs_"
 
 
 class ResponsesReply:
     """The ``Reply`` of one ``/v1/responses`` request (see ``pipeline.run``); ``parser``
     reads its text and function calls in the model's own syntax."""
 
-    def __init__(self, req: ResponsesRequest, generation: Generation, parser: ReplyParser) -> None:
+    def __init__(
+        self, req: ResponsesRequest, model: str, generation: Generation, parser: ReplyParser
+    ) -> None:
         self.parser = parser
         self.created = int(time.time())
-        self._fields = _echoed(req, generation)  # what every Response repeats of the request
+        self._fields = _echoed(req, model, generation)  # what every Response repeats of the request
 
     async def __call__(
         self, request: web.Request, stream: RequestStream, record: RequestRecord
@@ -77,6 +86,8 @@ class ResponsesReply:
         whole, ending = await collect_ending(stream, load, self.parser)
         status = _status(ending)
         items: list[OutputItem] = []
+        if ending.reasoning:
+            items.append(reasoning(record, ending.reasoning))
         if ending.text or not ending.calls:
             items.append(message(record, ending.text, status))
         items += [function_call(call, "completed") for call in ending.calls]
@@ -106,7 +117,7 @@ class ResponsesReply:
         )  # fmt: skip
 
 
-def _echoed(req: ResponsesRequest, generation: Generation) -> dict[str, Any]:
+def _echoed(req: ResponsesRequest, model: str, generation: Generation) -> dict[str, Any]:
     """The request's fields a Response repeats, with the defaults it ran with."""
     choice: Any = req.tool_choice or "auto"
     if isinstance(choice, FunctionChoice):
@@ -116,10 +127,10 @@ def _echoed(req: ResponsesRequest, generation: Generation) -> dict[str, Any]:
         text_format = req.text.format.model_dump(by_alias=True, exclude_none=True)
     tools = [
         EchoedTool(name=t.name, description=t.description, parameters=t.parameters, strict=True)
-        for t in req.tools
+        for t in req.function_tools
     ]
     return {
-        "model": req.model, "instructions": req.instructions,
+        "model": model, "instructions": req.instructions,
         "max_output_tokens": generation.max_tokens, "parallel_tool_calls": req.parallel_tool_calls,
         "temperature": generation.sampling.temperature, "top_p": generation.sampling.top_p,
         "tool_choice": choice, "tools": tools, "text": {"format": text_format},
@@ -137,12 +148,40 @@ def message(record: RequestRecord, text: str | None, status: ResponseStatus) -> 
     return OutputMessage(id=MESSAGE_PREFIX + record.request_id, status=done, content=content)
 
 
+def reasoning(record: RequestRecord, text: str | None) -> ReasoningItem:
+    """The reasoning item: with ``text`` None, as it starts (no content yet)."""
+    item_id = REASONING_PREFIX + record.request_id
+    if text is None:
+        return ReasoningItem(id=item_id, status="in_progress", content=[])
+    return ReasoningItem(id=item_id, status="completed", content=[ReasoningText(text=text)])
+
+
 def function_call(call: ToolCall, status: Any, arguments: str | None = None) -> FunctionToolCall:
     """The function call item of ``call`` (with other ``arguments``: as it starts)."""
     return FunctionToolCall(
-        id=CALL_PREFIX + call.id.removeprefix("call_"), call_id=call.id, name=call.function.name,
+        id=_item_id(call.id), call_id=call.id, name=call.function.name,
         arguments=call.function.arguments if arguments is None else arguments, status=status,
     )  # fmt: skip
+
+
+def _item_id(call_id: str) -> str:
+    return CALL_PREFIX + call_id.removeprefix("call_")
+
+
+def _streamed_call(start: CallDelta, status: Any, arguments: str) -> FunctionToolCall:
+    """The function call item of a call that streams, as far as it got."""
+    return FunctionToolCall(
+        id=_item_id(start.id), call_id=start.id, name=start.name, arguments=arguments,
+        status=status,
+    )  # fmt: skip
+
+
+def _normal(arguments: str) -> str:
+    """Arguments as the reply's calls write them (``tool_calls.parse_calls``)."""
+    try:
+        return json.dumps(json.loads(arguments), ensure_ascii=False)
+    except ValueError:
+        return arguments
 
 
 def _status(ending: Ending) -> ResponseStatus:
@@ -164,7 +203,10 @@ class _ResponseEvents(ChatEvents):
         self._reply = reply
         self._sequence = 0
         self._items: list[OutputItem] = []  # done
+        self._reasoning_open = False  # the reasoning item started and is not done
         self._message_open = False  # the message item started and is not done
+        self._call: tuple[CallDelta, str] | None = None  # the call streaming: start, arguments
+        self._streamed = 0  # calls started as they were written
 
     def _event(self, kind: type[Any], **fields: Any) -> bytes:
         body = kind(sequence_number=self._sequence, **fields)
@@ -188,14 +230,86 @@ class _ResponseEvents(ChatEvents):
     def _index(self) -> int:
         return len(self._items)
 
-    def text(self, text: str) -> list[bytes]:
-        """A text delta, after the message item's start when it has not started."""
+    def thinking(self, text: str) -> list[bytes]:
+        """A reasoning text delta, after the reasoning item's start when it has not
+        started."""
         if not text:
             return []
-        events = [] if self._message_open else self._open_message()
+        events = [] if self._reasoning_open else self._open_reasoning()
+        where = {"item_id": REASONING_PREFIX + self.record.request_id,
+                 "output_index": self._index(), "content_index": 0}  # fmt: skip
+        return [*events, self._event(ReasoningTextDelta, delta=text, **where)]
+
+    def _open_reasoning(self) -> list[bytes]:
+        self._reasoning_open = True
+        item = reasoning(self.record, None)
+        return [self._event(OutputItemEvent, type="response.output_item.added",
+                            output_index=self._index(), item=item)]  # fmt: skip
+
+    def _close_reasoning(self) -> list[bytes]:
+        if not self._reasoning_open:
+            return []
+        item = reasoning(self.record, self.output.reasoning)
+        where = {"item_id": item.id, "output_index": self._index(), "content_index": 0}
+        events = [
+            self._event(ReasoningTextDone, text=self.output.reasoning, **where),
+            self._event(OutputItemEvent, type="response.output_item.done",
+                        output_index=self._index(), item=item),
+        ]  # fmt: skip
+        self._items.append(item)
+        self._reasoning_open = False
+        return events
+
+    def text(self, text: str) -> list[bytes]:
+        """A text delta, after the message item's start when it has not started (and the
+        reasoning's end, when it was open)."""
+        if not text:
+            return []
+        events = self._close_reasoning()
+        events += [] if self._message_open else self._open_message()
         item_id = MESSAGE_PREFIX + self.record.request_id
         where = {"item_id": item_id, "output_index": self._index(), "content_index": 0}
         return [*events, self._event(OutputTextDelta, delta=text, **where)]
+
+    def calls(self, deltas: tuple[CallDelta, ...]) -> list[bytes]:
+        """A function call's item once its name is written, then its arguments as they come
+        (the items before it done first)."""
+        events: list[bytes] = []
+        for delta in deltas:
+            if delta.name:
+                events += self._close_reasoning() + self._close_message("completed")
+                events += self._close_call(None)
+                added = _streamed_call(delta, "in_progress", "")
+                events.append(self._event(OutputItemEvent, type="response.output_item.added",
+                                          output_index=self._index(), item=added))  # fmt: skip
+                self._call, self._streamed = (delta, ""), self._streamed + 1
+            elif self._call is not None:
+                start, arguments = self._call
+                self._call = (start, arguments + delta.arguments)
+                where = {"item_id": _item_id(start.id), "output_index": self._index()}
+                events.append(self._event(ArgumentsDelta, delta=delta.arguments, **where))
+        return events
+
+    def _close_call(self, call: ToolCall | None) -> list[bytes]:
+        """The end of the call streaming, if one is, with ``call``'s arguments (the reply's
+        own, at its end) or those it streamed."""
+        if self._call is None:
+            return []
+        start, arguments = self._call
+        done = (
+            function_call(call, "completed")
+            if call is not None
+            else _streamed_call(start, "completed", _normal(arguments))
+        )
+        where = {"item_id": done.id, "output_index": self._index()}
+        events = [
+            self._event(ArgumentsDone, name=done.name, arguments=done.arguments, **where),
+            self._event(OutputItemEvent, type="response.output_item.done",
+                        output_index=self._index(), item=done),
+        ]  # fmt: skip
+        self._items.append(done)
+        self._call = None
+        return events
 
     def _open_message(self) -> list[bytes]:
         self._message_open = True
@@ -208,6 +322,8 @@ class _ResponseEvents(ChatEvents):
         return [added, part]
 
     def _close_message(self, status: ResponseStatus) -> list[bytes]:
+        if not self._message_open:
+            return []
         text = self.output.text
         item = message(self.record, text, status)
         where = {"item_id": item.id, "output_index": self._index(), "content_index": 0}
@@ -222,7 +338,7 @@ class _ResponseEvents(ChatEvents):
         self._message_open = False
         return events
 
-    def _call(self, call: ToolCall) -> list[bytes]:
+    def _whole_call(self, call: ToolCall) -> list[bytes]:
         index, done = self._index(), function_call(call, "completed")
         where = {"item_id": done.id, "output_index": index}
         events = [
@@ -239,12 +355,15 @@ class _ResponseEvents(ChatEvents):
     async def end(self, end: RequestUpdate) -> list[bytes]:
         ending = self.output.end(end)
         status = _status(ending)
-        events = self.text(ending.text)
-        if self._message_open or not ending.calls:
+        events = [*self.thinking(ending.reasoning), *self.text(ending.text)]
+        events += self._close_reasoning()
+        if self._message_open or not (ending.calls or self._streamed):
             events += [] if self._message_open else self._open_message()
             events += self._close_message(status)
-        for call in ending.calls:
-            events += self._call(call)
+        last = ending.calls[self._streamed - 1] if 0 < self._streamed <= len(ending.calls) else None
+        events += self._close_call(last)
+        for call in ending.calls[self._streamed :]:  # those not streamed: whole
+            events += self._whole_call(call)
         usage = _usage(self.record, end)
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         return [*events, self._lifecycle(kind, status, usage=usage)]

@@ -1,7 +1,9 @@
 """What a request asks to constrain its output with, as the grammar the engine enforces: a
-client's own GBNF, a JSON schema, any JSON object, or the grammar of tool calls. A schema
-that cannot be enforced is a 400 naming the field (the checks that need the served model
-are the pipeline's: ``request.generation.constrained``)."""
+client's own GBNF, a JSON schema, any JSON object, or the grammar of tool calls (with an
+answer in a ``response_format`` beside them). A schema constrains what the grammar can
+enforce; what it cannot is listed for the request's report, and only a schema that is no
+schema is a 400 naming the field (the checks that need the served model are the pipeline's:
+``request.generation.constrained``)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from tinyserve.frontend.models.openai_requests import OpenAIRequest
 from tinyserve.frontend.structured import tool_calls
 from tinyserve.frontend.structured.json_schema import (
     ANY_JSON_OBJECT,
+    Grammar,
     SchemaError,
+    schema_rules,
     schema_to_grammar,
 )
 from tinyserve.frontend.structured.reply_parser import ReplyParser
@@ -38,6 +42,7 @@ class Constraint:
     json_object: bool = False
     tools: bool = False  # the grammar of tool calls (``structured.tool_calls``)
     prefix: str = ""
+    unenforced: tuple[str, ...] = ()  # what of the tools' schemas the grammar leaves out
 
     @property
     def source(self) -> str | None:
@@ -47,22 +52,26 @@ class Constraint:
             return JSON_SCHEMA
         return JSON_OBJECT if self.json_object else GRAMMAR if self.grammar else None
 
-    def build(self) -> str:
-        """The GBNF text; a 400 when the schema asks for what cannot be enforced."""
+    def build(self) -> tuple[str, list[str]]:
+        """The GBNF text, and what of the schema it does not enforce (``path: keyword``); a
+        400 when the schema is no schema."""
         if self.source in (GRAMMAR, None):
-            return self.grammar
+            return self.grammar, []
         built = ANY_JSON_OBJECT if self.json_object else self.grammar
+        unenforced: list[str] = []
         if self.schema is not None:
             try:
-                built = schema_to_grammar(self.schema)
+                built, unenforced = schema_to_grammar(self.schema)
             except SchemaError as exc:
-                raise invalid(f"'{self.field}' is not supported: {exc}", self.field) from None
+                raise invalid(f"'{self.field}' is not a schema: {exc}", self.field) from None
+        unenforced = [*self.unenforced, *unenforced]
         if not self.prefix:
-            return built
+            return built, unenforced
         # Every grammar built here states its root on its first line.
         root, rest = built.split("\n", 1)
         assert root.startswith("root ::= "), root
-        return f"root ::= {json.dumps(self.prefix)} ({root.removeprefix('root ::= ')})\n{rest}"
+        body = root.removeprefix("root ::= ")
+        return f"root ::= {json.dumps(self.prefix)} ({body})\n{rest}", unenforced
 
 
 def of_generate(req: GenerateRequest) -> Constraint:
@@ -86,14 +95,30 @@ def of_openai(req: OpenAIRequest) -> Constraint:
 
 def of_chat(req: ChatCompletionRequest, parser: ReplyParser) -> Constraint:
     """A chat request's: its ``grammar``, else the grammar of a reply that may call tools
-    (in the syntax ``parser`` reads), else the ``response_format``'s; those built here begin
-    as ``parser`` says (``ReplyParser.grammar_prefix``)."""
+    (in the syntax ``parser`` reads; under tool choice auto, the answer beside the calls in
+    the ``response_format`` when it has one), else the ``response_format``'s; those built here
+    begin as ``parser`` says (``ReplyParser.grammar_prefix``)."""
     if req.grammar or not req.calls_tools:
         constraint = of_openai(req)
     else:
         assert parser.tools is not None, "the parser of a reply that may call tools"
-        choice = req.tool_choice or "auto"
-        parallel = req.parallel_tool_calls
-        grammar = tool_calls.tools_grammar(req.tools, choice, parallel, parser.tools)
-        constraint = Constraint("tools", grammar=grammar, tools=True)
+        choice, parallel = req.tool_choice or "auto", req.parallel_tool_calls
+        answer = _answer(of_openai(req))
+        grammar, unenforced = tool_calls.tools_grammar(
+            req.tools, choice, parallel, parser.tools, answer
+        )
+        unenforced += answer.unenforced if answer is not None else []
+        constraint = Constraint("tools", grammar=grammar, tools=True, unenforced=tuple(unenforced))
     return dataclasses.replace(constraint, prefix=parser.grammar_prefix)
+
+
+def _answer(format_: Constraint) -> Grammar | None:
+    """The grammar of a ``response_format`` answer beside tool calls (None: plain text)."""
+    if format_.json_object:
+        return Grammar("object", [], [])
+    if format_.schema is None:
+        return None
+    try:
+        return schema_rules(format_.schema, "a")
+    except SchemaError as exc:
+        raise invalid(f"'{format_.field}' is not a schema: {exc}", format_.field) from None

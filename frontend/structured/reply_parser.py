@@ -6,14 +6,19 @@ were offered, whether the prompt opened a reasoning block), and the parser reads
 (``parse``) or a stream of it (``stream``). A whole reply is read as one piece of a stream, so
 the two always agree.
 
-In a stream, thinking (``structured.reasoning``) and text go out as they come. Tool calls
-come out whole at the end: from where they may begin (the family's marker, or the first call
-at the start of the reply) the text is held; a reply that holds no calls there after all
-gets that text back as content, as it was written.
+In a stream, thinking (``structured.reasoning``) and text go out as they come, and so do
+tool calls: from where they may begin (the family's marker, or the first call at the start
+of the reply) the text is held and read as calls as it comes (``CallDelta``: a call's name
+once it is written, then its arguments' JSON text piece by piece); at the end the held text
+is parsed whole, which is what the reply's calls are (with the ids the stream gave them). A
+reply that holds no calls there after all gets that text back as content, as it was
+written.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -23,11 +28,23 @@ from tinyserve.frontend.structured.tool_calls import parse_calls
 from tinyserve.frontend.structured.tool_syntax import ToolSyntax
 
 
+@dataclass(frozen=True)
+class CallDelta:
+    """A tool call as it is written: its start (``name`` and ``id``), or more of its
+    arguments' JSON text (``arguments``)."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
 class Parts(NamedTuple):
     """What of a reply may be sent now."""
 
     reasoning: str
     content: str
+    calls: tuple[CallDelta, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,7 +97,9 @@ class ReplyStream:
     def feed(self, text: str) -> Parts:
         """What of the reply so far may be sent, given its next ``text``."""
         thinking, answer = ("", text) if self._split is None else self._split.feed(text)
-        return Parts(thinking, answer if self._hold is None else self._hold.feed(answer))
+        if self._hold is None:
+            return Parts(thinking, answer)
+        return Parts(thinking, self._hold.feed(answer), self._hold.stream())
 
     def end(self, reason: FinishReason) -> ParsedReply:
         """What was held back, and the calls, once the reply ended for ``reason``."""
@@ -105,6 +124,7 @@ class _CallHold:
         self._calls = False  # the held text is where calls begin
         self._started = False  # text that is no call came first
         self._gap = ""  # whitespace between that text and the calls (back if they are none)
+        self._stream = _CallStream(syntax)
 
     def feed(self, text: str) -> str:
         self._held += text
@@ -131,7 +151,80 @@ class _CallHold:
         sent, self._held = self._held[:keep], self._held[keep:]
         return sent
 
+    def stream(self) -> tuple[CallDelta, ...]:
+        """What more of the calls has been written since the last time."""
+        return self._stream.read(self._held) if self._calls else ()
+
     def end(self, cut: bool) -> tuple[str, list[ToolCall]]:
-        """The text still held (none when it is calls), and the calls."""
+        """The text still held (none when it is calls), and the calls (with the ids the
+        stream gave those it started)."""
         calls = parse_calls(self._held, self._syntax, cut) if self._calls else []
+        ids = self._stream.ids
+        calls = [c.model_copy(update={"id": ids[i]}) if i < len(ids) else c
+                 for i, c in enumerate(calls)]  # fmt: skip
         return ("", calls) if calls else (self._gap + self._held, [])
+
+
+# The head of a call as the grammar writes it (and as models write it): its name, complete,
+# then the arguments' key; what follows is the arguments' JSON value.
+_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+
+
+class _CallStream:
+    """Reads held calls as they are written: each call's head (its name) once complete, then
+    its arguments' JSON text up to where that value ends (its brackets balanced)."""
+
+    def __init__(self, syntax: ToolSyntax) -> None:
+        self._syntax = syntax
+        self.ids: list[str] = []  # of the calls started, in order
+        self._pos = 0  # how far the held text was read
+        self._in_arguments = False
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False
+
+    def read(self, held: str) -> tuple[CallDelta, ...]:
+        deltas: list[CallDelta] = []
+        while self._pos < len(held):
+            if not self._in_arguments:
+                head = _HEAD.search(held, self._pos)
+                if head is None:
+                    break
+                self.ids.append(self._syntax.mint_id())
+                name = json.loads(f'"{head.group(1)}"')
+                deltas.append(CallDelta(len(self.ids) - 1, self.ids[-1], name))
+                self._pos, self._in_arguments = head.end(), True
+                continue
+            start = self._pos
+            done = self._value(held)
+            if self._pos > start:
+                deltas.append(CallDelta(len(self.ids) - 1, arguments=held[start : self._pos]))
+            if not done:
+                break
+            self._in_arguments = False
+        return tuple(deltas)
+
+    def _value(self, held: str) -> bool:
+        """Read on through the arguments' value; whether it ended."""
+        while self._pos < len(held):
+            char = held[self._pos]
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif char == "\\":
+                    self._escaped = True
+                elif char == '"':
+                    self._in_string = False
+            elif char == '"':
+                self._in_string = True
+            elif char in "{[":
+                self._depth += 1
+            elif char in "}]" or (char == "," and self._depth == 0):
+                if self._depth == 0:  # a bare value's end: the call's own comma or brace
+                    return True
+                self._depth -= 1
+                if self._depth == 0:
+                    self._pos += 1
+                    return True
+            self._pos += 1
+        return False

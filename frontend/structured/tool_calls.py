@@ -30,10 +30,18 @@ from typing import Any
 from tinyserve.frontend.models.errors import invalid
 from tinyserve.frontend.models.openai_replies import FunctionCall, ToolCall
 from tinyserve.frontend.models.tools import NamedToolChoice, Tool, ToolCallIn, ToolChoice
-from tinyserve.frontend.structured.json_schema import PRIMITIVES, SchemaError, schema_rules
+from tinyserve.frontend.structured.json_schema import (
+    PRIMITIVES,
+    Grammar,
+    SchemaError,
+    schema_rules,
+)
 from tinyserve.frontend.structured.tool_syntax import GENERIC, ToolSyntax
 
 _DECODER = json.JSONDecoder()
+# Calls one reply may make, at least (more when more tools are offered), several of one tool
+# among them.
+MIN_CALLS = 2
 
 
 def tools_prompt(tools: list[Tool], choice: ToolChoice) -> str:
@@ -84,36 +92,47 @@ def _arguments(text: str) -> Any:
 
 
 def tools_grammar(
-    tools: list[Tool], choice: ToolChoice, parallel: bool, syntax: ToolSyntax = GENERIC
-) -> str:
-    """The grammar of the reply: calls only (``required``, a named function) or calls or
-    plain text (``auto``). A 400 naming ``tools`` when a parameter schema cannot be enforced."""
+    tools: list[Tool],
+    choice: ToolChoice,
+    parallel: bool,
+    syntax: ToolSyntax = GENERIC,
+    answer: Grammar | None = None,
+) -> tuple[str, list[str]]:
+    """The grammar of the reply: calls only (``required``, a named function) or calls or an
+    answer (``auto``): plain text, or what ``answer`` accepts (a ``response_format``'s). Also
+    what of the parameter schemas it does not enforce (``function NAME: /path: keyword``)."""
     named = choice.function.name if isinstance(choice, NamedToolChoice) else None
     offered = [t for t in tools if named is None or t.function.name == named]
     rules: list[str] = []
     alternatives = []
+    unenforced: list[str] = []
     for i, tool in enumerate(offered):
+        name = tool.function.name
         try:
-            args, used = schema_rules(tool.function.parameters or {"type": "object"}, f"t{i}r")
+            args = schema_rules(tool.function.parameters or {"type": "object"}, f"t{i}r")
         except SchemaError as exc:
-            message = f"'tools' function {tool.function.name!r} parameters: {exc}"
-            raise invalid(message, "tools") from None
-        rules += used
-        head = f'{{"name": {json.dumps(tool.function.name)}, "{syntax.arguments_key}": '
-        alternatives.append(_sequence(_literal(head), f"({args})", _literal("}")))
+            raise invalid(f"'tools' function {name!r} parameters: {exc}", "tools") from None
+        rules += args.rules
+        unenforced += [f"function {name}: {where}" for where in args.unenforced]
+        head = f'{{"name": {json.dumps(name)}, "{syntax.arguments_key}": '
+        alternatives.append(_sequence(_literal(head), f"({args.root})", _literal("}")))
     choices = f"({' | '.join(alternatives)})"
     call = _sequence(_literal(syntax.call_open), choices, _literal(syntax.call_close))
-    # NOTE: at most one call per tool offered: a small model, free to go on, calls the same
-    # tool again and again until max_tokens cuts the reply (seen with the default model).
-    more = len(offered) - 1 if parallel and not syntax.single_call else 0
+    # NOTE: a bounded number of calls: a small model, free to go on, calls tools again and
+    # again until max_tokens cuts the reply (seen with the default model).
+    more = max(len(offered), MIN_CALLS) - 1 if parallel and not syntax.single_call else 0
     another = _sequence(_literal(syntax.separator), "call")
     more_calls = f"({another}){{0,{more}}}" if more else ""
     opening = (syntax.marker if syntax.writes_marker else "") + syntax.list_open
     calls = _sequence(_literal(opening), "call", more_calls, _literal(syntax.list_close))
-    if choice == "auto":
+    if choice == "auto" and answer is not None:
+        calls = f"{calls} | {answer.root}"
+        rules += answer.rules
+    elif choice == "auto":
         firsts = "".join(sorted({f"\\x{ord(s[0]):02X}" for s in syntax.starts}))
         calls = f"{calls} | [^{firsts}] [^\\x00]*"
-    return "\n".join([f"root ::= {calls}", f"call ::= {call}", *rules]) + "\n" + PRIMITIVES
+    grammar = "\n".join([f"root ::= {calls}", f"call ::= {call}", *rules]) + "\n" + PRIMITIVES
+    return grammar, unenforced
 
 
 def _sequence(*pieces: str) -> str:

@@ -10,7 +10,6 @@ from typing import TypeVar
 from aiohttp import web
 
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.errors import MODEL_NOT_FOUND, ApiError
 from tinyserve.frontend.models.parse import read_body
 from tinyserve.frontend.models.tokenize import (
     DetokenizeReply,
@@ -20,10 +19,11 @@ from tinyserve.frontend.models.tokenize import (
     TokenizerInfo,
 )
 from tinyserve.frontend.prompt import conversation
+from tinyserve.frontend.request import admission
 from tinyserve.frontend.request.generation import check_token_ids
 from tinyserve.frontend.request.state import CHAT_TEMPLATE, CONFIG, LINK, TOKENIZER
 from tinyserve.model import model_name
-from tinyserve.options import DEFAULT_CTX_PER_SLOT
+from tinyserve.options import DEFAULT_CTX_FLOOR
 
 TOKENIZER_CLASS = "llama.cpp"  # the GGUF's own vocabulary, through llama.cpp
 
@@ -77,19 +77,12 @@ B = TypeVar("B", TokenizeRequest, DetokenizeRequest)
 
 
 async def _parsed(request: web.Request, model: type[B]) -> B:
-    """The body as ``model``; a ``model`` field, when given, must name the served model."""
+    """The body as ``model``; a ``model`` field, when given, must name an id the served model
+    answers to (``admission.model_of``: the tokenizer is that model's)."""
     req = await read_body(request, model, request.app[CONFIG])
     if req.model is not None:
-        check_model(request, req.model)
+        admission.model_of(request.app[LINK].ack, request.app[CONFIG].model_alias, req.model)
     return req
-
-
-def check_model(request: web.Request, model: str) -> None:
-    """A 404 unless ``model`` is the served model's id (the tokenizer is that model's)."""
-    served = _model(request)
-    if model != served:
-        message = f"'model' {model!r} does not exist; this server serves {served!r}"
-        raise ApiError(404, MODEL_NOT_FOUND, message, param="model")
 
 
 def _model(request: web.Request) -> str:
@@ -103,4 +96,4 @@ def _max_len(request: web.Request) -> int:
     ack = request.app[LINK].ack
     if ack is not None:
         return ack.n_ctx
-    return request.app[CONFIG].ctx_per_slot or DEFAULT_CTX_PER_SLOT
+    return request.app[CONFIG].ctx_per_slot or DEFAULT_CTX_FLOOR

@@ -149,15 +149,25 @@ def test_bad_input_is_an_error_in_anthropics_shape(client: anthropic.Anthropic, 
     body: Any = bad.value.body
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert body["error"]["message"].startswith("'top_k' must be"), body
-    with pytest.raises(anthropic.NotFoundError) as missing:
-        client.messages.create(model="claude-x", max_tokens=16, messages=ASK)
-    assert "'claude-x' does not exist" in str(missing.value)
     with pytest.raises(anthropic.BadRequestError, match=re.escape("messages[0].content[0]")):
         client.messages.create(
-            model=model, max_tokens=16,
-            messages=[{"role": "user", "content": [{"type": "image", "source": {
-                "type": "url", "url": "http://127.0.0.1/x.png"}}]}],
+            model=model, max_tokens=16, messages=[{"role": "user", "content": [{"text": "x"}]}],
         )  # fmt: skip
+    long = [{"role": "user", "content": "word " * 5000}]
+    with pytest.raises(anthropic.BadRequestError, match="prompt is too long: "):
+        client.messages.create(model=model, max_tokens=16, messages=long)
+
+
+def test_an_image_and_an_unknown_model_are_served_and_said_so(
+    client: anthropic.Anthropic, model: str
+) -> None:
+    image = {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1/x.png"}}
+    ask = [{"role": "user", "content": [image, {"type": "text", "text": "Hi"}]}]
+    raw = client.messages.with_raw_response.create(
+        model="claude-x", max_tokens=4, messages=ask, extra_body=GREEDY
+    )
+    assert raw.headers["X-TinyServe-Ignored"] == "messages[].content[](image)"
+    assert raw.parse().model == model
 
 
 def test_a_wrong_key_is_refused(node: Node, model: str) -> None:
@@ -187,3 +197,46 @@ async def test_a_long_prefill_is_kept_alive_with_pings(node: Node, model: str) -
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
     first_content = kinds.index("content_block_start")
     assert "ping" in kinds[1:first_content], kinds
+
+
+def _claude_code_turn(billing: str, turns: list[Any]) -> dict[str, Any]:
+    """A request shaped as Claude Code's: its billing block first in the system prompt
+    (``cch`` new on every request), a system message after the first user turn, thinking,
+    context management and effort (which this server ignores), ``turns`` after those."""
+    system_text = "You are an agent for software tasks. " * 120  # most of a prompt
+    return {
+        "system": [
+            {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.197.c23; "
+                                     f"cc_entrypoint=sdk-cli; cch={billing};"},
+            {"type": "text", "text": system_text, "cache_control": {"type": "ephemeral"}},
+        ],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Read hello.py"}]},
+            {"role": "system", "content": "Available agent types: general. " * 20},
+            *turns,
+        ],
+        "tools": [{"name": "Read", "description": "Reads a file from the local filesystem.",
+                   "input_schema": {"type": "object", "required": ["file_path"],
+                                    "properties": {"file_path": {"type": "string"},
+                                                   "offset": {"type": "integer", "minimum": 0}},
+                                    "additionalProperties": False}}],
+        "extra_body": {
+            "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015"}]}, **GREEDY,
+        },
+    }  # fmt: skip
+
+
+def test_a_claude_code_sessions_second_turn_reads_its_prompt_from_the_cache(
+    client: anthropic.Anthropic, model: str
+) -> None:
+    first = client.messages.create(model=model, max_tokens=8, **_claude_code_turn("0af31", []))
+    call = {"type": "tool_use", "id": "toolu_1", "name": "Read",
+            "input": {"file_path": "/repo/hello.py"}}  # fmt: skip
+    result = {"type": "tool_result", "tool_use_id": "toolu_1",
+              "content": "def greet(name):\n    return f'Hello, {name}!'\n"}  # fmt: skip
+    turns = [{"role": "assistant", "content": [call]}, {"role": "user", "content": [result]}]
+    second = client.messages.create(model=model, max_tokens=8, **_claude_code_turn("91c4e", turns))
+    prompt = second.usage.input_tokens + second.usage.cache_read_input_tokens
+    assert prompt > first.usage.input_tokens + first.usage.cache_read_input_tokens
+    assert second.usage.cache_read_input_tokens >= 0.9 * prompt, second.usage

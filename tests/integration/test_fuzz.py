@@ -54,9 +54,9 @@ ADMISSION_REASONS = {"queue_full"}
 MODEL_DEPENDENT_TYPES = {"context_length_exceeded", "prompt_too_long"}
 MODEL_DEPENDENT = ("tokenizes to 0 tokens", "is not in the vocabulary", "embedding size")
 # Languages inside a string or object field, which JSON Schema cannot check: a GBNF grammar
-# (llama.cpp's parser decides) and a JSON schema asking for what no grammar can enforce
-# (``response_format``'s, or a tool's parameters).
-EMBEDDED = ("' does not compile: ", "' is not supported: ", "' parameters: ")
+# (llama.cpp's parser decides) and a JSON schema (``response_format``'s, or a tool's
+# parameters) that is no schema.
+EMBEDDED = ("' does not compile: ", "' is not a schema: ", "' parameters: ")
 # Rules across fields that JSON Schema cannot state (the document says them in words; a
 # unit test holds the models' other rules to the document), and the constraint check's.
 CROSS_FIELD = (*UNSTATED_RULES, "' cannot be combined with '")

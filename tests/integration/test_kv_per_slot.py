@@ -111,16 +111,17 @@ async def test_the_context_a_request_may_fill_is_one_slots_cells(node: Node) -> 
         async with s.get(node.url + "/v1/models") as resp:
             model = (await resp.json())["data"][0]
         assert (model["max_model_len"], model["gpu_layers"]) == (CTX_PER_SLOT, 0)
-        # A prompt of token ids and a reply that fill every cell, then one token too many.
-        prompt = [FILLER] * (CTX_PER_SLOT - 8)
-        body = {"model": model["id"], "prompt": prompt, "max_tokens": 9}
+        # A prompt that fills every cell is refused; one that leaves 8 gets those 8, even
+        # when it asks for 9 (clamped, and said so).
+        body = {"model": model["id"], "prompt": [FILLER] * CTX_PER_SLOT, "max_tokens": 1}
         async with s.post(node.url + "/v1/completions", json=body) as resp:
             error = await resp.json()
             assert resp.status == 400, error
-        assert str(CTX_PER_SLOT) in error["error"]["message"], error
-        body.update(max_tokens=8, ignore_eos=True)
+        assert f"context length is {CTX_PER_SLOT} tokens" in error["error"]["message"], error
+        body.update(prompt=[FILLER] * (CTX_PER_SLOT - 8), max_tokens=9, ignore_eos=True)
         async with s.post(node.url + "/v1/completions", json=body) as resp:
             reply = await resp.json()
             assert resp.status == 200, reply
+            assert resp.headers["X-TinyServe-Ignored"] == "max_tokens (clamped to 8)"
         usage = reply["usage"]
         assert (usage["prompt_tokens"], usage["completion_tokens"]) == (CTX_PER_SLOT - 8, 8)

@@ -151,8 +151,19 @@ def test_bad_input_names_the_field(client: openai.OpenAI, model: str) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         client.responses.create(model=model, input=ASK, max_output_tokens=0)
     assert (bad.value.body or {})["param"] == "max_output_tokens"  # type: ignore[index]
-    with pytest.raises(openai.NotFoundError):
-        client.responses.create(model="gpt-5", input=ASK)
+
+
+def answer_after_the_tool() -> Any:
+    """Run hooks under which an agent's turn after a tool's result may only answer: the
+    default model, free to choose, calls the tool again and again (a model that answers once
+    it has the result needs no such hook)."""
+    import agents
+
+    class AnswerAfterTheTool(agents.RunHooks[Any]):
+        async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
+            agent.model_settings = dataclasses.replace(agent.model_settings, tool_choice="none")
+
+    return AnswerAfterTheTool()
 
 
 def test_an_agent_with_one_tool(node: Node, model: str) -> None:
@@ -167,27 +178,53 @@ def test_an_agent_with_one_tool(node: Node, model: str) -> None:
         asked.append(city)
         return "18 C, sunny"
 
-    class AnswerAfterTheTool(agents.RunHooks[Any]):
-        # The default model, free to choose, calls the tool again and again: once it has
-        # the result, the agent's next turn may only answer.
-        async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
-            agent.model_settings = dataclasses.replace(agent.model_settings, tool_choice="none")
-
     client = openai.AsyncOpenAI(base_url=f"{node.url}/v1", api_key=API_KEY, max_retries=0)
     provider = agents.OpenAIProvider(openai_client=client, use_responses=True)
-    settings = agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=60)
+    settings = agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=100)
     agent = agents.Agent(
         name="weather", instructions="Use the tool to answer.", model=model,
         tools=[get_weather], model_settings=settings, reset_tool_choice=False,
     )  # fmt: skip
     result = agents.Runner.run_sync(
         agent, ASK, run_config=agents.RunConfig(model_provider=provider), max_turns=4,
-        hooks=AnswerAfterTheTool(),
+        hooks=answer_after_the_tool(),
     )  # fmt: skip
     assert asked and isinstance(result.final_output, str) and result.final_output
     kinds = [item.type for item in result.new_items]
     assert kinds.index("tool_call_item") < kinds.index("tool_call_output_item")
     assert kinds[-1] == "message_output_item"
+
+
+async def test_an_agent_with_a_tool_and_an_output_type_runs_with_no_model_settings(
+    node: Node, model: str
+) -> None:
+    import agents
+
+    agents.set_tracing_disabled(True)
+
+    class Forecast(pydantic.BaseModel):
+        sunny: bool
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """Current weather in a city."""
+        return "18 C, sunny"
+
+    # No model settings: the first request carries the tool and the output type's schema
+    # (text.format) together, with no output limit, as the SDK sends them.
+    agent = agents.Agent(
+        name="forecast", instructions="Say whether it is sunny.", model="gpt-4.1",
+        tools=[get_weather], output_type=Forecast, reset_tool_choice=False,
+    )  # fmt: skip
+    async with openai.AsyncOpenAI(
+        base_url=f"{node.url}/v1", api_key=API_KEY, max_retries=0
+    ) as client:
+        provider = agents.OpenAIProvider(openai_client=client, use_responses=True)
+        result = await agents.Runner.run(
+            agent, ASK, run_config=agents.RunConfig(model_provider=provider), max_turns=4,
+            hooks=answer_after_the_tool(),
+        )  # fmt: skip
+    assert isinstance(result.final_output, Forecast)
 
 
 async def test_a_long_prefill_is_kept_alive(node: Node, model: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from tests.frontend.harness import FakeEngine, Tick, accepted
+from tests.frontend.harness import N_CTX, FakeEngine, Tick, accepted
 from tinyserve import protocol
 from tinyserve.frontend.request.state import TOKENIZER
 
@@ -199,23 +199,21 @@ async def test_count_tokens_is_the_prompt_a_request_is_charged(
 
 BAD = [
     ({**BODY, "max_tokens": None}, "'max_tokens' is required"),
-    ({**BODY, "max_tokens": 0}, "'max_tokens' must be an integer between 1 and 256"),
+    ({**BODY, "max_tokens": 0}, "'max_tokens' must be an integer of at least 1"),
     ({**BODY, "temperature": 1.5}, "'temperature' must be a number between 0 and 1"),
-    ({**BODY, "stop": ["x"]}, "unknown field 'stop'"),
     ({**BODY, "messages": []}, "'messages' must have at least 1 item"),
-    ({**BODY, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
-     "'messages[0].content[0]' must be a content block of type text, tool_use or tool_result"),
+    ({**BODY, "messages": [{"role": "user", "content": [{"text": "no type"}]}]},
+     "'messages[0].content[0]' must be a content block with a 'type'"),
     ({**BODY, "messages": [{"role": "assistant", "content": [
         {"type": "tool_result", "tool_use_id": "t"}]}]},
      "'messages[0].content' of the assistant's turn cannot hold a tool_result block"),
     ({**BODY, "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}},
      "no tool is named 'nope'"),
     ({**BODY, "tool_choice": {"type": "sometimes"}}, "'tool_choice' must have 'type' auto"),
-    ({**BODY, "thinking": {"type": "enabled", "budget_tokens": 2048}},
-     "'thinking' is not supported"),
-    ({**BODY, "tools": [WEATHER], "output_config": {"format": {"type": "json_schema",
-                                                               "schema": {}}}},
-     "'output_config.format' excludes 'tools'"),
+    ({**BODY, "thinking": {"type": "sometimes"}}, "'thinking.type' must be"),
+    ({**BODY, "tools": [{**WEATHER, "input_schema": {"type": "object",
+                                                     "properties": {"city": "string"}}}]},
+     "'tools' function 'get_weather' parameters: a schema must be an object"),
 ]  # fmt: skip
 
 
@@ -230,10 +228,10 @@ async def test_bad_input_is_a_400_in_anthropics_shape(
 
 
 async def test_other_errors_in_anthropics_shape(served: Client, engine: FakeEngine) -> None:
-    missing = await anthropic_error(
-        await served.post("/v1/messages", json={**BODY, "model": "x"}), 404
-    )
-    assert missing["type"] == "not_found_error" and "'fake'" in missing["message"]
+    long = {**BODY, "messages": [{"role": "user", "content": "word " * 600}]}
+    too_long = await anthropic_error(await served.post("/v1/messages", json=long), 400)
+    assert too_long["type"] == "invalid_request_error"
+    assert too_long["message"].startswith("prompt is too long: ")  # Claude Code compacts
     engine.script = lambda submit: [[{"finish_reason": protocol.FINISH_REJECTED,
                                       "detail": protocol.REJECT_QUEUE_FULL}]]  # fmt: skip
     full = await served.post("/v1/messages", json=BODY)
@@ -248,3 +246,101 @@ async def test_other_errors_in_anthropics_shape(served: Client, engine: FakeEngi
                                       "code": "engine_error"}  # fmt: skip
     not_json = await served.post("/v1/messages", data="x", headers={"Content-Type": "text/plain"})
     assert (await anthropic_error(not_json, 415))["type"] == "invalid_request_error"
+
+
+# A request shaped as Claude Code 2.1.197 sends one (tests/agents: captured from it), cut down.
+CLAUDE_CODE = {
+    "model": "claude-opus-4-8",
+    "max_tokens": 32000,
+    "stream": True,
+    "system": [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.c23; "
+                                 "cc_entrypoint=sdk-cli; cch=0af31;"},
+        {"type": "text", "text": "You are a Claude agent.",
+         "cache_control": {"type": "ephemeral"}},
+    ],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Read hello.py"}]},
+        {"role": "system", "content": "Available agent types: none."},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "The user wants a file.", "signature": "c2ln"},
+            {"type": "tool_use", "id": "toolu_1", "name": "Read",
+             "input": {"file_path": "/r/hello.py"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                {"type": "text", "text": "print('hi')"},
+                {"type": "image", "source": {"type": "base64", "data": "AAAA"}},
+                {"type": "tool_reference", "tool_name": "Grep"}]}]},
+    ],
+    "tools": [
+        {"name": "Read", "description": "Reads a file", "input_schema": {
+            "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+            "properties": {"file_path": {"type": "string", "format": "uri"},
+                           "limit": {"type": "integer", "exclusiveMinimum": 0,
+                                     "maximum": 9007199254740991}},
+            "required": ["file_path"], "additionalProperties": False}},
+        {"name": "Grep", "description": "Searches", "defer_loading": True,
+         "input_schema": {"type": "object", "properties": {"pattern": {"type": "string"}},
+                          "propertyNames": {"pattern": "^[a-z]+$"}}},
+        {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+    ],
+    "metadata": {"user_id": '{"device_id":"d","session_id":"s"}'},
+    "thinking": {"type": "adaptive"},
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    "output_config": {"effort": "high"},
+    "inference_geo": "us",
+    "temperature": 1,
+}  # fmt: skip
+
+
+async def test_what_claude_code_sends_is_served_and_what_is_ignored_is_said(
+    served: Client, engine: FakeEngine
+) -> None:
+    engine.script = replying("It prints hi.")
+    response = await served.post("/v1/messages?beta=true", json=CLAUDE_CODE)
+    stream = await events(response)
+    assert stream[-1][0] == "message_stop"
+    [submit] = engine.submits
+    fitted = min(256, N_CTX - len(submit.prompt_ids))  # --max-tokens-limit, the context left
+    assert submit.max_tokens == fitted
+    assert response.headers["X-TinyServe-Ignored"] == (
+        "messages[].content[].content[](image), messages[].content[].content[](tool_reference), "
+        "tools[].defer_loading, tools[](web_search_20250305), output_config.effort, "
+        "context_management, inference_geo, tools schema keywords (format, propertyNames), "
+        f"max_tokens (clamped to {fitted})"
+    )
+    prompt = await served.app[TOKENIZER].detokenize(submit.prompt_ids)
+    assert "billing-header" not in prompt and "The user wants a file." not in prompt
+    # The system message from the middle of the conversation is in the system prompt.
+    assert prompt.index("You are a Claude agent.") < prompt.index("Available agent types")
+    assert prompt.index("Available agent types") < prompt.index("Read hello.py")
+    assert "print('hi')" in prompt and "web_search" not in prompt
+    assert stream[0][1]["message"]["model"] == "fake"  # the model that served it
+
+
+async def test_any_model_id_is_served_unless_aliases_close_the_list(
+    served: Client, engine: FakeEngine
+) -> None:
+    engine.script = replying("Hi")
+    reply = await served.post("/v1/messages", json={**BODY, "model": "claude-haiku-4-5"})
+    assert (await reply.json())["model"] == "fake"
+
+
+CALL_PIECES = ['<tool_call>\n{"name": "get_weather", "arguments": {"ci', 'ty": "Pa', 'ris"}}',
+               "\n</tool_call>"]  # fmt: skip
+
+
+async def test_a_tool_uses_input_streams_as_it_is_written(
+    served: Client, engine: FakeEngine
+) -> None:
+    engine.script = replying(*CALL_PIECES)
+    body = {**BODY, "tools": [WEATHER], "stream": True}
+    stream = await events(await served.post("/v1/messages", json=body))
+    names = [name for name, _ in stream]
+    start = names.index("content_block_start")
+    assert stream[start][1]["content_block"]["name"] == "get_weather"
+    pieces = [d["delta"]["partial_json"] for n, d in stream if n == "content_block_delta"]
+    # The input came in pieces as the model wrote them, before the reply ended.
+    assert len(pieces) >= 2 and names.index("content_block_stop") > start
+    assert json.loads("".join(pieces)) == {"city": "Paris"}
+    assert stream[-2][1]["delta"]["stop_reason"] == "tool_use"

@@ -104,20 +104,18 @@ async def test_prompt_over_max_prompt_tokens_is_a_400_naming_it(
     assert (await served.post("/generate", json={"prompt": "Hi"})).status == 200
 
 
-async def test_max_tokens_over_the_limit_is_a_400(served: Client) -> None:
-    error = await native_error(
-        await served.post("/generate", json={"prompt": "Hi", "max_tokens": 257}), 400
-    )
-    assert "between 1 and 256" in error["message"]
-    response = await served.post("/v1/completions", json=completion(max_tokens=257))
-    assert (await openai_error(response, 400))["param"] == "max_tokens"
-    chat = {"model": "fake", "messages": [{"role": "user", "content": "Hi"}]}
-    response = await served.post(
-        "/v1/chat/completions", json={**chat, "max_completion_tokens": 1000}
-    )
-    assert "256" in (await openai_error(response, 400))["message"]
+async def test_max_tokens_over_the_limit_is_clamped_and_said_so(
+    served: Client, engine: FakeEngine
+) -> None:
+    response = await served.post("/generate", json={"prompt": "Hi", "max_tokens": 257})
+    assert response.status == 200
+    assert response.headers["X-TinyServe-Ignored"] == "max_tokens (clamped to 256)"
+    response = await served.post("/v1/completions", json=completion(max_tokens=10**6))
+    assert response.status == 200, await response.text()
+    assert response.headers["X-TinyServe-Ignored"] == "max_tokens (clamped to 256)"
     ok = await served.post("/generate", json={"prompt": "Hi", "max_tokens": 256})
-    assert ok.status == 200
+    assert ok.status == 200 and "X-TinyServe-Ignored" not in ok.headers
+    assert [s.max_tokens for s in engine.submits] == [256, 256, 256]
 
 
 @pytest.mark.parametrize(

@@ -147,8 +147,10 @@ async def test_timeline_on_request(served: Client, engine: FakeEngine) -> None:
 
 
 async def test_context_length_exceeded_is_400(served: Client, engine: FakeEngine) -> None:
-    response = await served.post("/generate", json={"prompt": "word " * 300, "max_tokens": 256})
-    assert (await error_of(response, 400))["type"] == "context_length_exceeded"
+    response = await served.post("/generate", json={"prompt": "word " * 600, "max_tokens": 8})
+    error = await error_of(response, 400)
+    assert error["type"] == "context_length_exceeded"
+    assert error["message"].startswith("prompt is too long: 601 tokens > 511 maximum")
     assert engine.submits == []
 
 

@@ -4,6 +4,7 @@ replies (whole and streamed), and the grammar a prompt's open reasoning block as
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -147,3 +148,70 @@ async def test_reasoning_format_none_leaves_thinking_in_the_content(
     body = {**ASK, "tools": [WEATHER], "tool_choice": "required"}
     await served.post("/v1/chat/completions", json=body)
     assert engine.submits[1].sampling.grammar.startswith("root ::= call")
+
+
+MESSAGES_ASK: Any = {
+    **ASK, "max_tokens": 64, "thinking": {"type": "adaptive"},
+    "tools": [{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}],
+}  # fmt: skip
+
+
+@QWEN
+async def test_messages_return_thinking_as_thinking_blocks(
+    served: Client, engine: FakeEngine
+) -> None:
+    engine.script = replying(*QWEN_REPLY)
+    reply = await (await served.post("/v1/messages", json=MESSAGES_ASK)).json()
+    kinds = [block["type"] for block in reply["content"]]
+    assert kinds == ["thinking", "text", "tool_use"]
+    assert reply["content"][0]["thinking"] == "Paris, so get_weather."
+    assert reply["content"][1]["text"] == "Checking."
+    engine.script = replying(*QWEN_REPLY)
+    response = await served.post("/v1/messages", json={**MESSAGES_ASK, "stream": True})
+    events = [e for e in await sse_data(response) if e["type"] != "ping"]
+    blocks = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    assert blocks == ["thinking", "text", "tool_use"]
+    thinking = [
+        e["delta"] for e in events if e["type"] == "content_block_delta" and e["index"] == 0
+    ]
+    assert thinking[0] == {"type": "thinking_delta", "thinking": "Paris, so get_weather."}
+    assert thinking[-1]["type"] == "signature_delta" and thinking[-1]["signature"]
+    assert "<think>" not in json.dumps(events)
+
+
+@QWEN
+async def test_responses_return_thinking_as_a_reasoning_item(
+    served: Client, engine: FakeEngine
+) -> None:
+    tools = [{"type": "function", "name": "get_weather", **WEATHER["function"]}]
+    body = {"model": "fake", "input": "Weather in Paris?", "tools": tools}
+    engine.script = replying(*QWEN_REPLY)
+    reply = await (await served.post("/v1/responses", json=body)).json()
+    assert [item["type"] for item in reply["output"]] == ["reasoning", "message", "function_call"]
+    assert reply["output"][0]["content"] == [
+        {"type": "reasoning_text", "text": "Paris, so get_weather."}
+    ]
+    engine.script = replying(*QWEN_REPLY)
+    events = await sse_data(await served.post("/v1/responses", json={**body, "stream": True}))
+    kinds = [e["type"] for e in events]
+    assert kinds[2:5] == [
+        "response.output_item.added", "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+    ]  # fmt: skip
+    final = events[-1]["response"]
+    assert [item["type"] for item in final["output"]] == ["reasoning", "message", "function_call"]
+    assert [e["output_index"] for e in events if e["type"] == "response.output_item.done"] == [
+        0, 1, 2
+    ]  # fmt: skip
+
+
+async def sse_data(response: Any) -> list[dict[str, Any]]:
+    """The data of every event of an SSE body."""
+    assert response.status == 200, await response.text()
+    body = (await response.read()).decode()
+    return [
+        json.loads(line.removeprefix("data: "))
+        for event in body.split("\n\n")
+        for line in event.split("\n")
+        if line.startswith("data: ")
+    ]

@@ -208,7 +208,7 @@ def as_hugging_face_takes_it(messages: list[Any]) -> list[Any]:
 def test_tools_are_rendered_by_a_template_with_its_own_syntax(source: str, call_id: str) -> None:
     messages = conversation_with_a_call(call_id)
     body = {"model": "m", "messages": messages, "tools": [WEATHER]}
-    request = parse_body(json.dumps(body), ChatCompletionRequest, build_config({}, environ={}))
+    request = parse_body(json.dumps(body), ChatCompletionRequest)
     template = ChatTemplate(source, bos_text="<s>", eos_text="</s>")
     prompt = conversation.render(template, request, request.messages)
     expected = hf_render(

@@ -15,6 +15,7 @@ from tinyserve.frontend.request.admission import (
     RETRY_UNKNOWN_S,
     admit,
     engine_refusal,
+    fitted_max_tokens,
     retry_after_s,
 )
 
@@ -45,11 +46,20 @@ def test_over_the_context_or_the_prompt_limit_is_a_400_naming_it() -> None:
     assert admit(90, 10, small, load()) is None
     rejection = admit(91, 10, small, load())
     assert rejection is not None and rejection.status == 400
-    assert rejection.label == protocol.REJECT_TOO_LONG and "(100)" in rejection.message
+    assert rejection.label == protocol.REJECT_TOO_LONG
+    assert rejection.message.startswith("prompt is too long: 91 tokens > 99 maximum")
     assert admit(5, 10, small, load(), max_prompt_tokens=5) is None
     rejection = admit(6, 10, small, load(waiting=100), max_prompt_tokens=5)
     assert rejection is not None and rejection.status == 400
     assert rejection.label == PROMPT_TOO_LONG and "at most 5" in rejection.message
+
+
+def test_an_output_length_over_what_fits_is_clamped_to_it() -> None:
+    assert fitted_max_tokens(90, 10, n_ctx=100, limit=64) == 10
+    assert fitted_max_tokens(90, 32000, n_ctx=100, limit=64) == 10  # the context left
+    assert fitted_max_tokens(10, 32000, n_ctx=100, limit=64) == 64  # --max-tokens-limit
+    assert fitted_max_tokens(100, 8, n_ctx=100, limit=64) == 1  # never fits: admit says so
+    assert admit(100, 1, Limits(max_queue=8, n_ctx=100), load()) is not None
 
 
 def test_queue_full_counts_engine_waiting_and_pending() -> None:

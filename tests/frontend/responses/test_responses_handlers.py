@@ -11,9 +11,10 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from tests.frontend.anthropic.test_anthropic_handlers import CALL, detokenized, replying
-from tests.frontend.harness import FakeEngine, accepted
+from tests.frontend.harness import N_CTX, FakeEngine, accepted
 from tests.frontend.openai.test_openai_handlers import openai_error
 from tinyserve import protocol
+from tinyserve.frontend.request.state import TOKENIZER
 
 Client = TestClient[Any, Any]
 BODY = {"model": "fake", "input": "What is the weather in Paris?"}
@@ -138,17 +139,15 @@ async def test_text_format_is_the_grammar(served: Client, engine: FakeEngine) ->
 
 BAD = [
     ({**BODY, "previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter"),
-    ({**BODY, "store": True}, "store", "unsupported_parameter"),
+    ({**BODY, "background": True}, "background", "unsupported_parameter"),
     ({**BODY, "input": []}, "input", "invalid_request"),
-    ({**BODY, "input": [{"type": "reasoning", "summary": []}]}, "input[0]", "invalid_request"),
-    ({**BODY, "input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+    ({**BODY, "input": [{"role": "user", "content": [{"image_url": "x"}]}]},
      "input[0].content[0]", "invalid_request"),
-    ({**BODY, "tools": [{"type": "web_search"}]}, "tools[0].type", "invalid_request"),
+    ({**BODY, "tools": [{"name": "no_type"}]}, "tools[0]", "invalid_request"),
     ({**BODY, "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}},
      "tool_choice", "invalid_request"),
     ({**BODY, "max_output_tokens": 0}, "max_output_tokens", "invalid_request"),
     ({**BODY, "text": {"format": {"type": "yaml"}}}, "text.format", "invalid_request"),
-    ({**BODY, "max_tokens": 5}, "max_tokens", "invalid_request"),
 ]  # fmt: skip
 
 
@@ -175,3 +174,99 @@ async def test_a_failure_after_the_start_is_response_failed(
     engine.script = lambda submit: [[accepted()], [failure]]
     error = await openai_error(await served.post("/v1/responses", json=BODY), 500)
     assert (error["type"], error["message"]) == ("server_error", "decode failed")
+
+
+# A request shaped as Codex 0.171 sends one (tests/agents: captured from it), cut down.
+CODEX = {
+    "model": "SmolLM2-135M-Instruct.Q4_1",
+    "input": [
+        {"type": "message", "role": "developer",
+         "content": [{"type": "input_text", "text": "You are Codex."}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
+        {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "exec_command",
+         "arguments": '{"cmd": "cat hello.py"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "print('hi')"},
+        {"type": "custom_tool_call", "call_id": "call_2", "name": "apply_patch", "input": "x"},
+    ],
+    "tools": [
+        {"type": "function", "name": "exec_command", "strict": False, "parameters": {
+            "type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"],
+            "additionalProperties": False}},
+        {"type": "namespace", "name": "multi_agent_v1", "tools": [
+            {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}]},
+        {"type": "web_search", "external_web_access": False},
+        {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}},
+    ],
+    "tool_choice": "auto",
+    "parallel_tool_calls": True,
+    "reasoning": {"summary": "auto"},
+    "store": False,
+    "stream": True,
+    "include": ["reasoning.encrypted_content"],
+    "prompt_cache_key": "thread-1",
+    "client_metadata": {"x": "y"},
+    "text": {"verbosity": "low"},
+}  # fmt: skip
+
+
+async def test_what_codex_sends_is_served_and_what_is_ignored_is_said(
+    served: Client, engine: FakeEngine
+) -> None:
+    engine.script = lambda submit: [[accepted()], [{
+        "token_ids": [1], "text": b"It prints hi.", "finish_reason": protocol.FINISH_STOP,
+        "prompt_tokens": len(submit.prompt_ids)}]]  # fmt: skip
+    response = await served.post("/v1/responses", json=CODEX)
+    stream = await events(response)
+    assert stream[-1]["type"] == "response.completed"
+    assert response.headers["X-TinyServe-Ignored"] == (
+        "input[](custom_tool_call), tools[](namespace), tools[](web_search), tools[](custom), "
+        "text.verbosity, include, reasoning, client_metadata"
+    )
+    [submit] = engine.submits
+    # No limit given: until it fills, within --max-tokens-limit (256 here).
+    assert submit.max_tokens == min(256, N_CTX - len(submit.prompt_ids))
+    prompt = await served.app[TOKENIZER].detokenize(submit.prompt_ids)
+    assert "You are Codex." in prompt and "print('hi')" in prompt
+    assert "spawn_agent" not in prompt and "apply_patch" not in prompt
+
+
+async def test_a_format_beside_tools_is_a_call_or_that_format(
+    served: Client, engine: FakeEngine
+) -> None:
+    engine.script = lambda submit: [
+        [accepted()],
+        [{"token_ids": [1], "text": b'{"answer": 4}', "finish_reason": protocol.FINISH_STOP}],
+    ]
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}},
+              "required": ["answer"]}  # fmt: skip
+    body = {
+        **BODY,
+        "tools": [WEATHER],
+        "text": {"format": {"type": "json_schema", "name": "out", "schema": schema}},
+    }
+    reply = await (await served.post("/v1/responses", json=body)).json()
+    assert reply["output"][0]["content"][0]["text"] == '{"answer": 4}'
+    grammar = engine.submits[0].sampling.grammar
+    assert "get_weather" in grammar and "answer" in grammar
+
+
+async def test_a_calls_arguments_stream_as_they_are_written(
+    served: Client, engine: FakeEngine
+) -> None:
+    from tests.frontend.anthropic.test_anthropic_handlers import CALL_PIECES
+
+    engine.script = replying(*CALL_PIECES)
+    body = {**BODY, "tools": [WEATHER], "stream": True}
+    stream = await events(await served.post("/v1/responses", json=body))
+    kinds = [e["type"] for e in stream]
+    deltas = [e["delta"] for e in stream if e["type"] == "response.function_call_arguments.delta"]
+    assert len(deltas) >= 2 and json.loads("".join(deltas)) == {"city": "Paris"}
+    assert kinds.index("response.output_item.added") < kinds.index(
+        "response.function_call_arguments.delta"
+    )
+    [done] = [e for e in stream if e["type"] == "response.function_call_arguments.done"]
+    assert json.loads(done["arguments"]) == {"city": "Paris"}
+    final = stream[-1]["response"]
+    assert [item["type"] for item in final["output"]] == ["function_call"]
+    assert final["output"][0]["call_id"] == done["item_id"].replace("fc_", "call_")

@@ -12,13 +12,19 @@ from typing import Any
 import jsonschema
 import llama_cpp
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tinyserve.frontend.structured.json_schema import SchemaError, schema_to_grammar
 from tinyserve.model import resolve_model_path
 
 Accepts = Callable[[str, str], bool]
+
+
+def grammar_of(schema: Any) -> str:
+    grammar, unenforced = schema_to_grammar(schema)
+    assert unenforced == [], unenforced
+    return grammar
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +69,7 @@ def test_integer_bounds_are_exact(accepts: Accepts, low: Any, high: Any, value: 
     if high is not None:
         schema["maximum"] = high
     inside = (low is None or value >= low) and (high is None or value <= high)
-    assert accepts(schema_to_grammar(schema), str(value)) == inside
+    assert accepts(grammar_of(schema), str(value)) == inside
 
 
 @settings(max_examples=100, deadline=None)
@@ -75,7 +81,7 @@ def test_integer_bounds_are_exact(accepts: Accepts, low: Any, high: Any, value: 
 def test_number_bounds_are_exact(accepts: Accepts, low: int, span: int, value: Any) -> None:
     schema = {"type": "number", "minimum": low, "maximum": low + span}
     text = format(value, "f")
-    assert accepts(schema_to_grammar(schema), text) == (low <= value <= low + span)
+    assert accepts(grammar_of(schema), text) == (low <= value <= low + span)
 
 
 SCHEMA = {
@@ -108,7 +114,7 @@ def test_grammar_and_jsonschema_agree(accepts: Accepts, value: Any) -> None:
     valid = jsonschema.Draft202012Validator(SCHEMA).is_valid(value)
     if "other" in value:
         valid = False  # extra properties are never generated (additionalProperties defaults)
-    assert accepts(schema_to_grammar(SCHEMA), json.dumps(value, separators=(",", ":"))) == valid
+    assert accepts(grammar_of(SCHEMA), json.dumps(value, separators=(",", ":"))) == valid
 
 
 MAP = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
@@ -121,25 +127,98 @@ def test_a_schema_for_additional_properties_holds_for_every_member(
     accepts: Accepts, value: Any
 ) -> None:
     valid = jsonschema.Draft202012Validator(MAP).is_valid(value)
-    assert accepts(schema_to_grammar(MAP), json.dumps(value, separators=(",", ":"))) == valid
+    assert accepts(grammar_of(MAP), json.dumps(value, separators=(",", ":"))) == valid
+
+
+@pytest.mark.parametrize(
+    ("schema", "unenforced"),
+    [
+        ({"type": "string", "pattern": "a+"}, ["/: pattern"]),
+        ({"type": "string", "format": "email"}, ["/: format"]),
+        ({"properties": {"x": {"type": "number", "minimum": 0.5}}},
+         ["/properties/x: minimum"]),
+        ({"$ref": "https://example.invalid/s.json"}, ["/: $ref"]),
+        ({"allOf": [{"type": "string"}, {"maxLength": 2}]}, ["/allOf/1: allOf"]),
+        ({"type": "thing"}, ['/type: type "thing"']),
+        ({"type": {"not": "a type"}}, ['/type: type {"not": "a type"}']),
+        ({"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "string"}},
+         ["/: additionalProperties"]),
+        ({"type": "integer", "minimum": float("inf")}, ["/: minimum"]),
+        ({"type": "string", "propertyNames": {"pattern": "x"}, "not": {}},
+         ["/: not", "/: propertyNames"]),
+    ],
+)  # fmt: skip
+def test_what_a_grammar_cannot_enforce_is_listed_not_refused(
+    accepts: Accepts, schema: Any, unenforced: list[str]
+) -> None:
+    grammar, listed = schema_to_grammar(schema)
+    assert listed == unenforced
+    assert accepts(grammar, '"ab"') or accepts(grammar, "{}") or accepts(grammar, "1")
+
+
+def test_required_without_a_schema_is_any_value(accepts: Accepts) -> None:
+    grammar = grammar_of({"type": "object", "required": ["x"]})
+    assert accepts(grammar, '{"x":[1]}')
+    assert not accepts(grammar, "{}")
 
 
 @pytest.mark.parametrize(
     ("schema", "says"),
     [
-        ({"type": "string", "pattern": "a+"}, "'pattern' (at /)"),
-        ({"type": "string", "format": "email"}, "'format'"),
-        ({"properties": {"x": {"type": "number", "minimum": 0.5}}}, "/properties/x/minimum"),
-        ({"$ref": "https://example.invalid/s.json"}, "only '#/$defs/NAME'"),
         ({"$ref": "#/$defs/Missing"}, "is not defined"),
-        ({"type": "object", "required": ["x"]}, "'x' has no schema"),
-        ({"allOf": [{"type": "string"}, {"maxLength": 2}]}, "one schema only"),
-        ({"type": "thing"}, "unknown type"),
-        ({"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "string"}},
-         "a schema without 'properties'"),
+        ({"type": "object", "properties": {"a": 3}}, "a schema must be an object"),
+        ({"enum": "a"}, "'enum' must be a non-empty list"),
+        ({"type": "object", "required": [{"x": 1}]}, "a list of property names"),
+        ({"type": "array", "prefixItems": 3}, "a list of schemas"),
+        ({"type": "integer", "minimum": 3, "maximum": 1}, "no number lies between"),
     ],
 )  # fmt: skip
-def test_unsupported_features_are_named(schema: Any, says: str) -> None:
+def test_what_is_no_schema_is_named(schema: Any, says: str) -> None:
     with pytest.raises(SchemaError) as caught:
         schema_to_grammar(schema)
     assert says in str(caught.value)
+
+
+def test_a_schema_nested_too_deep_is_refused_not_a_crash() -> None:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(400):
+        schema = {"type": "array", "items": schema}
+    with pytest.raises(SchemaError) as caught:
+        schema_to_grammar(schema)
+    assert "nested more than" in str(caught.value)
+
+
+KEYWORDS = st.sampled_from([
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "enum",
+    "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "minimum", "maximum",
+    "exclusiveMinimum", "minLength", "maxLength", "minItems", "maxItems", "format", "pattern",
+    "not", "propertyNames",
+])  # fmt: skip
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False)
+    | st.sampled_from(["object", "array", "string", "integer", "number", "x", "#/$defs/a"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        KEYWORDS | st.sampled_from(["a", "b"]), inner, max_size=4),
+    max_leaves=20,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(schema=JSON_VALUES)
+@example(schema={"$ref": "#/$defs/a", "$defs": [1]})
+@example(schema={"$ref": "#/$defs/a", "$defs": {"a": 3}})
+@example(schema={"type": "object", "properties": {"a": {}}, "required": "a"})
+@example(schema={"type": "array", "minItems": True, "items": [{"type": {}}]})
+@example(schema={"anyOf": {}, "enum": [{"a": [1]}]})
+@example(schema={"type": "integer", "minimum": "3", "exclusiveMaximum": True})
+@example(schema={"type": "string", "minLength": None, "maxLength": 3})
+def test_any_json_as_a_schema_is_a_grammar_that_compiles_or_a_schema_error(
+    accepts: Accepts, schema: Any
+) -> None:
+    # What a client may send as a tool's parameters: never a crash (a 500), and a grammar
+    # built from it is one llama.cpp takes.
+    try:
+        grammar, _ = schema_to_grammar(schema)
+    except SchemaError:
+        return
+    accepts(grammar, "{}")  # the fixture asserts the grammar compiles

@@ -3,6 +3,7 @@ however the stream's pieces fall."""
 
 from __future__ import annotations
 
+import json
 from itertools import pairwise
 
 from hypothesis import given
@@ -57,10 +58,10 @@ def test_no_tools_no_reasoning_reads_plain_text() -> None:
     assert ReplyParser().parse(text, "length") == ParsedReply(text, "", [], "length")
 
 
-def test_a_stream_sends_text_at_once_and_calls_whole() -> None:
+def test_a_stream_sends_text_at_once_and_holds_a_call_until_it_is_one() -> None:
     stream = QWEN.stream()
     pieces = ["<think>", "Hm", "</think>", "\n\nSure", ".\n<tool", "_call>\n{", '"name"']
-    sent = [tuple(stream.feed(piece)) for piece in pieces]
+    sent = [tuple(stream.feed(piece))[:2] for piece in pieces]
     assert sent == [("", ""), ("Hm", ""), ("", ""), ("", "Sure"), ("", "."), ("", ""), ("", "")]
     end = stream.end("length")  # the call never finished: its text is content after all
     assert (end.content, end.calls, end.reason) == ('\n<tool_call>\n{"name"', [], "length")
@@ -100,3 +101,34 @@ def test_a_stream_sends_what_the_whole_reply_holds(
     )  # fmt: skip
     if not whole.calls and parser.reasoning is None:
         assert whole.content == text  # nothing is lost
+
+
+TWO_CALLS = (
+    'Looking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris}", '
+    '"days": [1, {"a": 2}]}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}'
+    "\n</tool_call>"
+)
+
+
+@given(st.lists(st.integers(0, len(TWO_CALLS)), max_size=12))
+def test_calls_stream_as_they_are_written_however_the_pieces_fall(cuts: list[int]) -> None:
+    bounds = [0, *sorted(cuts), len(TWO_CALLS)]
+    stream = ReplyParser(HERMES).stream()
+    deltas = [d for a, b in pairwise(bounds) for d in stream.feed(TWO_CALLS[a:b]).calls]
+    end = stream.end("stop")
+    starts = [d for d in deltas if d.name]
+    assert [(d.index, d.name) for d in starts] == [(0, "get_weather"), (1, "get_time")]
+    # Each call's arguments, streamed piece by piece, are the JSON the reply's call holds,
+    # and the reply's calls carry the ids the stream gave them.
+    for call, start in zip(end.calls, starts, strict=True):
+        text = "".join(d.arguments for d in deltas if d.index == start.index and not d.name)
+        assert json.loads(text) == json.loads(call.function.arguments)
+        assert call.id == start.id
+    assert end.reason == "tool_calls"
+
+
+def test_text_that_is_no_call_streams_no_call() -> None:
+    stream = ReplyParser(GENERIC).stream()
+    parts = [stream.feed(piece) for piece in ["<tool_", "call>\nnot a call", " at all"]]
+    assert not any(p.calls for p in parts)
+    assert stream.end("stop").calls == []

@@ -45,12 +45,18 @@ def calls_in(syntax: ToolSyntax, *calls: tuple[str, object]) -> str:
     return opening + syntax.separator.join(bodies) + syntax.list_close
 
 
+def grammar_of(*args: Any, **kwargs: Any) -> str:
+    grammar, unenforced = tool_calls.tools_grammar(*args, **kwargs)
+    assert unenforced == []
+    return grammar
+
+
 def names(text: str, syntax: ToolSyntax = GENERIC, cut: bool = False) -> list[str]:
     return [c.function.name for c in tool_calls.parse_calls(text, syntax, cut)]
 
 
 def test_required_admits_only_valid_calls(accepts: Accepts) -> None:  # noqa: F811
-    grammar = tool_calls.tools_grammar([WEATHER, TIME], "required", parallel=True)
+    grammar = grammar_of([WEATHER, TIME], "required", parallel=True)
     paris = call("get_weather", {"city": "Paris", "unit": "C"})
     assert accepts(grammar, paris)
     assert accepts(grammar, paris + "\n" + call("get_time", {}))
@@ -58,16 +64,16 @@ def test_required_admits_only_valid_calls(accepts: Accepts) -> None:  # noqa: F8
     assert not accepts(grammar, call("get_weather", {"city": "Paris", "unit": "K"}))
     assert not accepts(grammar, call("delete_all", {}))
     assert not accepts(grammar, "Sunny in Paris.")
-    single = tool_calls.tools_grammar([WEATHER, TIME], "required", parallel=False)
+    single = grammar_of([WEATHER, TIME], "required", parallel=False)
     assert not accepts(single, paris + "\n" + call("get_time", {}))
 
 
 def test_named_choice_and_auto(accepts: Accepts) -> None:  # noqa: F811
     named = NamedToolChoice.model_validate({"type": "function", "function": {"name": "get_time"}})
-    grammar = tool_calls.tools_grammar([WEATHER, TIME], named, parallel=True)
+    grammar = grammar_of([WEATHER, TIME], named, parallel=True)
     assert accepts(grammar, call("get_time", {"zone": "UTC"}))
     assert not accepts(grammar, call("get_weather", {"city": "Paris"}))
-    auto = tool_calls.tools_grammar([WEATHER, TIME], "auto", parallel=True)
+    auto = grammar_of([WEATHER, TIME], "auto", parallel=True)
     assert accepts(auto, call("get_weather", {"city": "Oslo"}))
     assert accepts(auto, "It is sunny.")
     assert not accepts(auto, "<tool_call>\n{oops")
@@ -79,7 +85,7 @@ def test_each_family_grammar_writes_its_own_syntax(
     syntax: ToolSyntax,
 ) -> None:
     paris = ("get_weather", {"city": "Paris"})
-    grammar = tool_calls.tools_grammar([WEATHER, TIME], "required", True, syntax)
+    grammar = grammar_of([WEATHER, TIME], "required", True, syntax)
     assert accepts(grammar, calls_in(syntax, paris))
     assert not accepts(grammar, calls_in(syntax, ("get_weather", {"unit": "C"})))
     other = MISTRAL if syntax is not MISTRAL else HERMES
@@ -87,18 +93,47 @@ def test_each_family_grammar_writes_its_own_syntax(
     # A Llama 3 template renders one call per message: a reply holds one.
     two = calls_in(syntax, paris, ("get_time", {}))
     assert accepts(grammar, two) == (not syntax.single_call)
-    auto = tool_calls.tools_grammar([WEATHER, TIME], "auto", True, syntax)
+    auto = grammar_of([WEATHER, TIME], "auto", True, syntax)
     assert accepts(auto, calls_in(syntax, paris)) and accepts(auto, "It is sunny.")
     # Text that starts like a call must be one.
     assert not any(accepts(auto, start + "oops") for start in syntax.starts)
 
 
-def test_parameters_that_cannot_be_enforced_are_a_400_naming_tools() -> None:
+def test_what_parameters_cannot_enforce_is_listed_and_the_rest_holds(
+    accepts: Accepts,  # noqa: F811
+) -> None:
+    loose = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "a", "format": "uri"}},
+        "required": ["x"]}}})  # fmt: skip
+    grammar, unenforced = tool_calls.tools_grammar([loose], "required", parallel=True)
+    assert unenforced == ["function f: /properties/x: format", "function f: /properties/x: pattern"]
+    assert accepts(grammar, call("f", {"x": "b"}))
+    assert not accepts(grammar, call("f", {}))
+
+
+def test_no_schema_is_a_400_naming_tools() -> None:
     bad = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"x": {"type": "string", "pattern": "a"}}}}})  # fmt: skip
+        "type": "object", "properties": {"x": "string"}}}})  # fmt: skip
     with pytest.raises(ApiError) as caught:
         tool_calls.tools_grammar([bad], "required", parallel=True)
-    assert caught.value.param == "tools" and "'pattern'" in caught.value.message
+    assert caught.value.param == "tools" and "must be an object" in caught.value.message
+
+
+def test_one_tool_may_be_called_several_times(accepts: Accepts) -> None:  # noqa: F811
+    grammar = grammar_of([TIME], "required", parallel=True)
+    assert accepts(grammar, "\n".join([call("get_time", {})] * tool_calls.MIN_CALLS))
+    assert not accepts(grammar, "\n".join([call("get_time", {})] * (tool_calls.MIN_CALLS + 1)))
+
+
+def test_auto_with_an_answer_format_is_a_call_or_that_answer(accepts: Accepts) -> None:  # noqa: F811
+    from tinyserve.frontend.structured.json_schema import schema_rules
+
+    answer = schema_rules({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                           "required": ["ok"]}, "a")  # fmt: skip
+    grammar = grammar_of([WEATHER], "auto", parallel=True, answer=answer)
+    assert accepts(grammar, call("get_weather", {"city": "Oslo"}))
+    assert accepts(grammar, '{"ok": true}')
+    assert not accepts(grammar, "It is sunny.")
 
 
 def test_generic_calls_parse_or_stay_text() -> None:

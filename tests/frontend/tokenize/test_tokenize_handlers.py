@@ -108,7 +108,6 @@ async def test_tokenizer_info(served: Client, vocab: llama_cpp.Llama) -> None:
         ("/tokenize", {}, "prompt"),
         ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
         ("/tokenize", {"prompt": 5}, "prompt"),
-        ("/tokenize", {"prompt": "a", "model": "other"}, "model"),
         ("/tokenize", {"prompt": "a", "tools": [TOOL]}, "tools"),
         ("/tokenize", {"prompt": "a", "add_generation_prompt": True}, "add_generation_prompt"),
         ("/tokenize", {"prompt": "a", "continue_final_message": True}, "continue_final_message"),
