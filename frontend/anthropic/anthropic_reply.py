@@ -11,9 +11,10 @@ prefill), and with ``return_progress`` ``prompt_progress`` events report the pre
 failure after the headers went out ends the stream with an ``error`` event instead of
 ``message_delta`` and ``message_stop``: exactly one of the two endings goes out.
 
-Stop reasons: ``tool_use`` for tool calls, ``max_tokens`` for output cut short (``length``,
-and as on the chat surface a timeout, cancel or missed deadline), ``stop_sequence`` when the
-output's tokens spell one of ``stop_sequences`` where the text stops, else ``end_turn``.
+Stop reasons: ``tool_use`` for tool calls, ``max_tokens`` for output cut short by its
+length, ``pause_turn`` for output cut short by a timeout, a missed deadline or a cancel (the
+turn stopped before its end; the client may send it back to go on), ``stop_sequence`` when
+the output's tokens spell one of ``stop_sequences`` where the text stops, else ``end_turn``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel
 
+from tinyserve import protocol
 from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.streams import RequestStream
 from tinyserve.frontend.models.anthropic_replies import (
@@ -62,6 +64,10 @@ from tinyserve.frontend.structured.reply_parser import CallDelta, ReplyParser
 from tinyserve.protocol import RequestUpdate
 
 ID_PREFIX = "msg_"
+# Endings that stop a turn before its end for a reason other than its length: Anthropic's
+# pause_turn (the turn may be sent back to go on), never max_tokens.
+PAUSED = frozenset({protocol.FINISH_TIMEOUT, protocol.FINISH_DEADLINE_MISSED,
+                    protocol.FINISH_CANCELLED})  # fmt: skip
 BlockKind = Literal["thinking", "text", "tool_use"]
 PING = sse_event(Ping(), "ping")
 
@@ -97,7 +103,7 @@ class AnthropicReply:
             *_text_blocks(ending.text, ending.calls),
             *map(_tool_use, ending.calls),
         ]
-        stop = await self.stop(ending.reason, whole.token_ids)
+        stop = await self.stop(whole, ending.reason, whole.token_ids)
         body = self.message(record, content, stop, _usage(record, whole))
         return json_response(body, headers={"X-Request-Id": record.request_id})
 
@@ -116,11 +122,13 @@ class AnthropicReply:
         )  # fmt: skip
 
     async def stop(
-        self, reason: FinishReason, token_ids: list[int]
+        self, end: RequestUpdate, reason: FinishReason, token_ids: list[int]
     ) -> tuple[StopReason, str | None]:
-        """The stop reason, and the stop sequence that ended the reply if one did: the first
-        the output's tokens spell (the engine cut the text where it starts, so the text
-        holds none)."""
+        """The stop reason (``end`` the engine's last word, ``reason`` the reply's), and the
+        stop sequence that ended the reply if one did: the first the output's tokens spell
+        (the engine cut the text where it starts, so the text holds none)."""
+        if end.finish_reason in PAUSED:
+            return "pause_turn", None
         if reason != "stop":
             return ("tool_use" if reason == "tool_calls" else "max_tokens"), None
         if not self.stops:
@@ -239,7 +247,7 @@ class _MessageEvents(ChatEvents):
             delta = InputJsonDelta(partial_json=call.function.arguments)
             events.append(event(ContentBlockDelta(index=self._blocks - 1, delta=delta)))
             events.append(event(ContentBlockStop(index=self._blocks - 1)))
-        reason, sequence = await self._reply.stop(ending.reason, self.token_ids)
+        reason, sequence = await self._reply.stop(end, ending.reason, self.token_ids)
         usage = _usage(self.record, end)
         stop = StopInfo(stop_reason=reason, stop_sequence=sequence)
         return [*events, event(MessageDelta(delta=stop, usage=usage)), event(MessageStop())]

@@ -12,7 +12,7 @@ from tinyserve.frontend.models.common import Reply
 from tinyserve.frontend.models.errors import AnthropicError
 from tinyserve.frontend.models.progress import PromptProgress
 
-StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn"]
 
 
 class AnthropicUsage(Reply):

@@ -7,9 +7,10 @@ and the node's HTTP responses by route and status (from ``/metrics``) and its lo
 
     unshare -n python -m tests.integration.agents_netns SPEC.json RESULT.json
 
-SPEC: ``{"workdir": ..., "node_flags": [...], "runs": [{"name", "argv", "env", "home_files",
-"timeout_s"}]}``; each run gets a scratch HOME (with ``home_files`` written into it) and a
-scratch repository (a README and ``hello.py``) as its working directory.
+SPEC: ``{"workdir": ..., "node_flags": [...], "runs": [{"name", "agent", "argv", "env",
+"home_files", "timeout_s"}]}``; each agent gets a scratch HOME (with ``home_files`` written
+into it) and a scratch repository (a README and ``hello.py``) as its working directory, the
+same for all its runs: an agent's prompt names its directory, so its runs share a prefix.
 """
 
 from __future__ import annotations
@@ -38,13 +39,14 @@ def scratch_repo(where: Path) -> Path:
 
 
 def run_agent(run: dict[str, Any], workdir: Path, url: str) -> dict[str, Any]:
-    home = workdir / run["name"] / "home"
-    home.mkdir(parents=True)
+    home, repo = workdir / run["agent"] / "home", workdir / run["agent"] / "repo"
+    if not home.exists():
+        home.mkdir(parents=True)
+        scratch_repo(repo)
     for name, text in run.get("home_files", {}).items():
         path = home / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text.replace("{url}", url))
-    repo = scratch_repo(workdir / run["name"] / "repo")
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(home),

@@ -1,5 +1,6 @@
 """The command-line coding agents people point at a local server, as they are shipped (pinned
-in tests/agents/package.json, installed by ``make test``), against a node with default flags.
+in tests/agents/package.json, installed by ``make test``), against a node with default flags
+(greedy sampling aside: see ``agents``).
 
 Each agent does a one-line task and a task over a scratch repository (read a file, say what
 it does): it exits 0, every request it made was answered 2xx, and the node's log names the
@@ -58,10 +59,12 @@ def _runs() -> list[dict[str, Any]]:
     runs = []
     for task, prompt in TASKS.items():
         claude = [str(BIN / "claude"), "-p", prompt, "--tools", "Read"]
-        runs.append({"name": f"claude-{task}", "argv": claude, "env": CLAUDE_ENV})
+        runs.append({"name": f"claude-{task}", "agent": "claude", "argv": claude,
+                     "env": CLAUDE_ENV})  # fmt: skip
     for task, prompt in TASKS.items():
         codex = [str(BIN / "codex"), "exec", "--skip-git-repo-check", prompt]
-        runs.append({"name": f"codex-{task}", "argv": codex, "env": {"TINYSERVE_KEY": "sk-unused"},
+        runs.append({"name": f"codex-{task}", "agent": "codex", "argv": codex,
+                     "env": {"TINYSERVE_KEY": "sk-unused"},
                      "home_files": {".codex/config.toml": CODEX_CONFIG}})  # fmt: skip
     return [{**run, "timeout_s": RUN_TIMEOUT_S} for run in runs]
 
@@ -73,10 +76,13 @@ def agents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if missing:
         pytest.skip(missing)
     workdir = tmp_path_factory.mktemp("agents")
-    # The node's defaults: flags the test harness would otherwise set for speed.
+    # The node's defaults (flags the test harness would otherwise set for speed), but for
+    # greedy sampling when a request names none (neither agent does): sampled, the 135M model
+    # may call a tool again and again until the agent gives up, one run in a few, which says
+    # nothing of the server and would make this a flaky test.
     threads = str(len(os.sched_getaffinity(0)))
-    spec = {"workdir": str(workdir), "runs": _runs(),
-            "node_flags": ["--threads", threads, "--ctx-per-slot", "0"]}  # fmt: skip
+    flags = ["--threads", threads, "--ctx-per-slot", "0", "--default-temperature", "0"]
+    spec = {"workdir": str(workdir), "runs": _runs(), "node_flags": flags}
     (workdir / "spec.json").write_text(json.dumps(spec))
     result = workdir / "result.json"
     argv = ["unshare", "-n", sys.executable, "-m", "tests.integration.agents_netns"]

@@ -203,7 +203,7 @@ def _claude_code_turn(billing: str, turns: list[Any]) -> dict[str, Any]:
     """A request shaped as Claude Code's: its billing block first in the system prompt
     (``cch`` new on every request), a system message after the first user turn, thinking,
     context management and effort (which this server ignores), ``turns`` after those."""
-    system_text = "You are an agent for software tasks. " * 120  # most of a prompt
+    system_text = "You are an agent for software tasks. " * 80  # most of a prompt
     return {
         "system": [
             {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.197.c23; "

@@ -121,7 +121,7 @@ async def test_the_prompt_is_what_the_template_renders(served: Served) -> None:
 def test_a_required_call_is_written_in_the_familys_syntax(served: Served) -> None:
     reply = served.client.chat.completions.create(
         model=served.model, messages=ASK, tools=[WEATHER], tool_choice="required",
-        max_tokens=60, logprobs=True,
+        max_tokens=60, logprobs=True, parallel_tool_calls=False,
     )  # fmt: skip
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls", choice

@@ -344,3 +344,17 @@ async def test_a_tool_uses_input_streams_as_it_is_written(
     assert len(pieces) >= 2 and names.index("content_block_stop") > start
     assert json.loads("".join(pieces)) == {"city": "Paris"}
     assert stream[-2][1]["delta"]["stop_reason"] == "tool_use"
+
+
+@pytest.mark.parametrize(
+    "reason", [protocol.FINISH_TIMEOUT, protocol.FINISH_DEADLINE_MISSED, protocol.FINISH_CANCELLED]
+)
+async def test_a_reply_cut_short_by_time_is_a_paused_turn_not_max_tokens(
+    served: Client, engine: FakeEngine, reason: str
+) -> None:
+    engine.script = replying("Sun", "ny", reason=reason)
+    reply = await (await served.post("/v1/messages", json=BODY)).json()
+    assert (reply["stop_reason"], reply["content"][0]["text"]) == ("pause_turn", "Sunny")
+    engine.script = replying("Sun", "ny", reason=reason)
+    stream = await events(await served.post("/v1/messages", json={**BODY, "stream": True}))
+    assert stream[-2][1]["delta"]["stop_reason"] == "pause_turn"
