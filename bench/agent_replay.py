@@ -33,6 +33,7 @@ import aiohttp
 from vs_llama_server import Server, launch_llama_server, model_id, start_tinyserve
 
 from tests.integration.node import free_port
+from tinyserve.engine.weights import repack_weights
 from tinyserve.model import resolve_model_path
 
 BILLING = "x-anthropic-billing-header: cc_version=2.1.197.c23; cc_entrypoint=sdk-cli; cch={};"
@@ -142,7 +143,10 @@ async def replay(
     server: Server, bodies: list[dict[str, Any]], args: argparse.Namespace
 ) -> list[dict[str, Any]]:
     timeout = aiohttp.ClientTimeout(total=None, sock_read=1800)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # A connection per turn: llama-server closes one after a stream, which a pooled
+    # connection's next request would find closed.
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         model = await model_id(session, server.url)
         return [
             await turn(session, server, stamped(b, model, i, args)) for i, b in enumerate(bodies)
@@ -169,7 +173,8 @@ def main() -> None:
             tinyserve_flag=[]), model),
         "llama-server": lambda: launch_llama_server(free_port(), [
             "-m", str(model), "-t", str(args.threads), "-tb", str(args.threads),
-            "-c", str(args.ctx_per_slot), "-np", "1", "--jinja"], "agent-replay.log"),
+            "-c", str(args.ctx_per_slot), "-np", "1", "--jinja",
+            *([] if repack_weights("auto") else ["--no-repack"])], "agent-replay.log"),
     }  # fmt: skip
     print(f"{len(bodies)} turns; cch {'kept' if args.same_header else 'new every request'}")
     print("server        turn  prompt  cached  cached%   ttft s  total s")
@@ -185,7 +190,7 @@ def main() -> None:
                 continue
             share = 100 * row["cached"] / max(row["prompt"], 1)
             print(f"{name:12}  {i + 1:4}  {row['prompt']:6}  {row['cached']:6}  {share:6.1f}%  "
-                  f"{row['ttft']:7.1f}  {row['seconds']:7.1f}")  # fmt: skip
+                  f"{row['ttft'] or float('nan'):7.1f}  {row['seconds']:7.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":
