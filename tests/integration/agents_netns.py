@@ -2,8 +2,9 @@
 
 ``test_agents.py`` starts this module under ``unshare -n`` (as root): the namespace has only a
 loopback interface, which this brings up, so the node it starts and the agents it runs can
-reach each other and nothing else. It writes, as JSON, each run's exit code, output and time,
-and the node's HTTP responses by route and status (from ``/metrics``) and its log.
+reach each other and nothing else. It writes, as JSON, each run's exit code, output and time
+and how the requests it made ended, and the node's HTTP responses by route and status (from
+``/metrics``) and its log.
 
     unshare -n python -m tests.integration.agents_netns SPEC.json RESULT.json
 
@@ -38,7 +39,20 @@ def scratch_repo(where: Path) -> Path:
     return where
 
 
-def run_agent(run: dict[str, Any], workdir: Path, url: str) -> dict[str, Any]:
+def run_agent(run: dict[str, Any], workdir: Path, node: Node) -> dict[str, Any]:
+    """``run`` against ``node``, and the endings of the requests it made (the node's log)."""
+    before = node.log_path.stat().st_size
+    outcome = _run(run, workdir, node.url)
+    with open(node.log_path, "rb") as log:
+        log.seek(before)
+        lines = log.read().decode(errors="replace").splitlines()
+    ended = [
+        line.split("finish_reason=")[1].split()[0] for line in lines if "finish_reason=" in line
+    ]
+    return {**outcome, "finish_reasons": ended}
+
+
+def _run(run: dict[str, Any], workdir: Path, url: str) -> dict[str, Any]:
     home, repo = workdir / run["agent"] / "home", workdir / run["agent"] / "repo"
     if not home.exists():
         home.mkdir(parents=True)
@@ -90,7 +104,7 @@ def main(spec_path: str, result_path: str) -> None:
     workdir = Path(spec["workdir"])
     node = Node(workdir, *spec["node_flags"]).start()
     try:
-        runs = [run_agent(run, workdir, node.url) for run in spec["runs"]]
+        runs = [run_agent(run, workdir, node) for run in spec["runs"]]
         responses = responses_by_route(node.url)
     finally:
         node.stop(check=False)

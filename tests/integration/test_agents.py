@@ -31,6 +31,7 @@ ROOT = Path(__file__).parents[2]
 BIN = ROOT / "tests" / "agents" / "node_modules" / ".bin"
 TASKS = {"hello": "Say hello in one word.", "read": "Read hello.py and say what it does."}
 RUN_TIMEOUT_S = 240
+OUTPUT_CAP = 128  # --max-tokens-limit of the agents' node
 CODEX_CONFIG = """model_provider = "tinyserve"
 model = "SmolLM2-135M-Instruct.Q4_1"
 
@@ -77,11 +78,15 @@ def agents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pytest.skip(missing)
     workdir = tmp_path_factory.mktemp("agents")
     # The node's defaults (flags the test harness would otherwise set for speed), but for
-    # greedy sampling when a request names none (neither agent does): sampled, the 135M model
-    # may call a tool again and again until the agent gives up, one run in a few, which says
-    # nothing of the server and would make this a flaky test.
+    # two that bound what the 135M model does with its freedom, which says nothing of the
+    # server and would make this a slow and flaky test: greedy sampling when a request names
+    # none (neither agent does; sampled, the model called a tool again and again until the
+    # agent gave up, one run in three), and 128 output tokens (greedy, it may repeat itself
+    # until the context is full: 3,393 tokens in 240 s; and Claude Code asks again to go on
+    # from a reply cut short: each time at most this many).
     threads = str(len(os.sched_getaffinity(0)))
-    flags = ["--threads", threads, "--ctx-per-slot", "0", "--default-temperature", "0"]
+    flags = ["--threads", threads, "--ctx-per-slot", "0", "--default-temperature", "0",
+             "--max-tokens-limit", str(OUTPUT_CAP)]  # fmt: skip
     spec = {"workdir": str(workdir), "runs": _runs(), "node_flags": flags}
     (workdir / "spec.json").write_text(json.dumps(spec))
     result = workdir / "result.json"
@@ -101,7 +106,11 @@ def _run(agents: dict[str, Any], name: str) -> dict[str, Any]:
 @pytest.mark.parametrize("name", ["claude-hello", "claude-read", "codex-hello", "codex-read"])
 def test_each_agent_completes_its_tasks(agents: dict[str, Any], name: str) -> None:
     run = _run(agents, name)
-    assert run["returncode"] == 0, run
+    assert run["returncode"] is not None, run  # it ended by itself
+    # Exit 0; or the model wrote on to the output cap, which the agent may call an error
+    # (every response was still a 2xx: the test below).
+    capped = "length" in run["finish_reasons"]
+    assert run["returncode"] == 0 or capped, run
 
 
 @pytest.mark.parametrize("route", ["/v1/messages", "/v1/responses"])
