@@ -182,19 +182,15 @@ class _MessageEvents(ChatEvents):
 
     def thinking(self, text: str) -> list[bytes]:
         """A thinking delta, in a thinking block (started when none is open)."""
-        if not text:
-            return []
-        events = self._open_block("thinking")
-        delta = ContentBlockDelta(index=self._blocks - 1, delta=ThinkingDelta(thinking=text))
-        return [*events, event(delta)]
+        return self._in_block("thinking", ThinkingDelta(thinking=text)) if text else []
 
     def text(self, text: str) -> list[bytes]:
         """A text delta, in a text block (started when none is open)."""
-        if not text:
-            return []
-        events = self._open_block("text")
-        delta = ContentBlockDelta(index=self._blocks - 1, delta=TextDelta(text=text))
-        return [*events, event(delta)]
+        return self._in_block("text", TextDelta(text=text)) if text else []
+
+    def _in_block(self, kind: BlockKind, delta: ThinkingDelta | TextDelta) -> list[bytes]:
+        events = self._open_block(kind)
+        return [*events, event(ContentBlockDelta(index=self._blocks - 1, delta=delta))]
 
     def calls(self, deltas: tuple[CallDelta, ...]) -> list[bytes]:
         """A tool use's start once its name is written, then its input as it comes."""

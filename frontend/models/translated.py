@@ -4,7 +4,6 @@ list, and the chat request made from the translated fields."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import Discriminator, ValidationError
@@ -27,13 +26,6 @@ def type_of(value: Any) -> str | None:
 def tag(kind: str) -> str:
     """The tag of a union's branch: in parentheses, no part of the path a 400 names."""
     return f"({kind})"
-
-
-def by_type(phrase: str, kind: Callable[[Any], str | None] = type_of) -> Discriminator:
-    """Tells the objects of a union apart by their ``type`` (or by ``kind``); an object of
-    another type is a 400 "must be ``phrase`` (this server takes no other)"."""
-    message = f"must be {phrase} (this server takes no other)"
-    return Discriminator(kind, custom_error_type=RULE, custom_error_message=message)
 
 
 def _text_or_list(value: Any) -> str | None:

@@ -339,18 +339,11 @@ class _ResponseEvents(ChatEvents):
         return events
 
     def _whole_call(self, call: ToolCall) -> list[bytes]:
-        index, done = self._index(), function_call(call, "completed")
-        where = {"item_id": done.id, "output_index": index}
-        events = [
-            self._event(OutputItemEvent, type="response.output_item.added", output_index=index,
-                        item=function_call(call, "in_progress", "")),
-            self._event(ArgumentsDelta, delta=done.arguments, **where),
-            self._event(ArgumentsDone, name=done.name, arguments=done.arguments, **where),
-            self._event(OutputItemEvent, type="response.output_item.done", output_index=index,
-                        item=done),
-        ]  # fmt: skip
-        self._items.append(done)
-        return events
+        """A call that did not stream: its start and its arguments in one delta, then its
+        end as a streamed call's."""
+        start = CallDelta(self._streamed, call.id, call.function.name)
+        events = self.calls((start, CallDelta(start.index, arguments=call.function.arguments)))
+        return events + self._close_call(call)
 
     async def end(self, end: RequestUpdate) -> list[bytes]:
         ending = self.output.end(end)
