@@ -53,7 +53,9 @@ class EngineCore:
             config, self.kv, self.runner, runtime.n_ctx_seq, clock, draft_model
         )
         spec = EmbedSpec.from_config(config)
-        self.embeddings = Embeddings(spec, runtime.model, runtime.n_vocab, config.max_queue)
+        self.embeddings = Embeddings(
+            spec, runtime.model, runtime.n_vocab, config, self.scheduler.recent
+        )
 
     @property
     def n_ctx(self) -> int:
@@ -72,7 +74,7 @@ class EngineCore:
 
     def embed(self, request: Embed) -> None:
         """Queue an embedding request, or end it at once (refused, or unfit to run)."""
-        ended = self.embeddings.submit(request, self.draining)
+        ended = self.embeddings.submit(request, self.draining, self.scheduler.tick, self.clock())
         if ended is not None:
             self.scheduler.drafts.embedded([ended])
 
@@ -91,7 +93,7 @@ class EngineCore:
         """End a waiting or running request now; unknown ids (already finished) are ignored."""
         seq = self.scheduler.by_id.get(request_id)
         if seq is None:
-            ended = self.embeddings.cancel(request_id, reason)
+            ended = self.embeddings.cancel(request_id, reason, self.scheduler.tick, self.clock())
             if ended is not None:
                 self.scheduler.drafts.embedded([ended])
             return ended is not None
@@ -103,7 +105,9 @@ class EngineCore:
         gone = [s for s in self.scheduler.by_id.values() if s.request.frontend_id == frontend_id]
         for seq in gone:
             self.scheduler.cancel(seq, FINISH_CANCELLED, "frontend gone", Cause.FRONTEND_GONE)
-        embeds = self.embeddings.cancel_frontend(frontend_id, FINISH_CANCELLED)
+        embeds = self.embeddings.cancel_frontend(
+            frontend_id, FINISH_CANCELLED, self.scheduler.tick, self.clock()
+        )
         self.scheduler.drafts.embedded(embeds)
         return len(gone) + len(embeds)
 
@@ -115,7 +119,8 @@ class EngineCore:
         """The drain ran out of time: every request still here ends with an error."""
         for request_id in list(self.scheduler.by_id):
             self.cancel(request_id, FINISH_ERROR, detail, Cause.ENGINE)
-        self.scheduler.drafts.embedded(self.embeddings.end_all(FINISH_ERROR, detail))
+        ended = self.embeddings.end_all(FINISH_ERROR, detail, self.scheduler.tick, self.clock())
+        self.scheduler.drafts.embedded(ended)
 
     # -- one tick -----------------------------------------------------------------------------
 
@@ -127,24 +132,36 @@ class EngineCore:
         return bool(self.scheduler.by_id or self.embeddings)
 
     def step(self) -> TickReport:
-        """One tick: an embedding batch when any wait, then schedule, run the generation
-        batch, make sense of its results, report."""
+        """One tick: schedule, run the generation batch, make sense of its results, then the
+        tick's embedding part when embeddings wait; report."""
         scheduler = self.scheduler
-        if self.embeddings:
-            # beside generation requests, no more than a prompt chunk's worth
-            ended, embed_batch = self.embeddings.step(
-                scheduler.config.chunk if scheduler.by_id else 0
-            )
-            scheduler.drafts.embedded(ended, embed_batch)
-            if embed_batch is not None:
-                scheduler.guessing.other_work()
         plan = scheduler.schedule(self.clock())
         batch = None
         if plan:
             outcome = self.runner.run(plan)
             scheduler.postprocess(outcome, self.clock())
             batch = outcome.batch
+        if self.embeddings:
+            self._embed(bool(plan), batch.decode_s if batch is not None else 0.0)
+        else:
+            self.embeddings.share.idle()
         return scheduler.drafts.flush(self.load(), batch, self.kv.stats)
+
+    def _embed(self, generated: bool, generation_s: float) -> None:
+        """The tick's embedding part: as large as the engine's time shared with generation
+        allows (``EmbedShare``); none on ticks where embeddings have had their share."""
+        scheduler, share = self.scheduler, self.embeddings.share
+        generating = generated or bool(scheduler.by_id)
+        room = share.room(generating)
+        part = None
+        if room:
+            if not generated:
+                scheduler.tick += 1  # a tick of embeddings alone is a tick too
+            ended, part = self.embeddings.step(room, scheduler.tick, self.clock())
+            scheduler.drafts.embedded(ended, part)
+            if part is not None:
+                scheduler.guessing.other_work()
+        share.ran(generating, int(generation_s * 1e9), int(part.seconds * 1e9) if part else 0)
 
     def report(self) -> TickReport:
         """What happened since the last report (requests refused or cancelled between ticks)
@@ -161,7 +178,7 @@ class EngineCore:
         drafts = self.scheduler.drafts
         for seq in self.scheduler.by_id.values():
             drafts.finish(seq.request, FINISH_ERROR, detail)
-        drafts.embedded(self.embeddings.end_all(FINISH_ERROR, detail))
+        drafts.embedded(self.embeddings.end_all(FINISH_ERROR, detail, 0, 0))
         return drafts.flush(_NO_LOAD, None, None)
 
     # -- what observers read ------------------------------------------------------------------
@@ -181,9 +198,13 @@ class EngineCore:
         """Accepted requests without a slot yet."""
         return iter(self.scheduler.policy)
 
+    def queued_embeddings(self) -> Iterator[Sequence]:
+        """Embedding requests waiting for their first part."""
+        return self.embeddings.queue.queued()
+
     def timeline_of(self, request_id: str) -> dict[str, Any] | None:
         """A request's timeline: live while it runs, then kept for the recent ones."""
-        seq = self.scheduler.by_id.get(request_id)
+        seq = self.scheduler.by_id.get(request_id) or self.embeddings.live(request_id)
         if seq is not None:
             return seq.timeline.to_dict()
         return self.scheduler.recent.get(request_id)

@@ -10,9 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinyserve.engine.embedder import EmbedBatch
 from tinyserve.engine.host_cache import CacheStats
-from tinyserve.engine.report import Batch, Ended, Grant, Guessed, Load, Rejected, TickReport
+from tinyserve.engine.report import (
+    Batch,
+    EmbedBatch,
+    Ended,
+    Grant,
+    Guessed,
+    Load,
+    Rejected,
+    TickReport,
+)
 from tinyserve.protocol import Embedded, RequestUpdate, Submit
 
 

@@ -1,14 +1,22 @@
 """Embeddings: each input's hidden states pooled into one vector, in a llama.cpp context of
-their own.
+their own, a tick's part at a time.
 
 The generation context's cells belong to the slots, and an embedding keeps no KV once its
 vector is out, so ``/v1/embeddings`` runs in a second context: on the served model's weights
 (the same memory, nothing loaded twice) or on ``--embedding-model``'s. It is made at the first
-request, so a server that never embeds pays nothing for it, and it runs at most one batch
-(``--embedding-max-tokens`` tokens, ``EMBED_SEQS`` inputs) per engine tick, between the
-generation ticks: a long list of inputs delays running streams by one such batch per tick,
-never by the whole list. While any generation request waits or runs, the batch holds at most
-``--chunk`` tokens (whole inputs, at least one): what a prompt chunk costs a step.
+request, so a server that never embeds pays nothing for it. The requests are queued and
+ordered by the scheduling policy (``embed_queue.py``); each tick runs one part of them, as
+many tokens as ``EmbedShare`` (``embed_share.py``) gives it: a whole batch
+(``--embedding-max-tokens``) when no generation request waits or runs, else at most
+``--embedding-tick-tokens``, and only while embeddings are owed their ``--embedding-share`` of
+the engine's time.
+
+A long input is split across parts where its pooling allows it: mean or last pooling on a
+causal model (a generation model; its GGUF names no pooling type), whose tokens' hidden states
+depend on the tokens before them only, kept as KV cells between parts. Its vector is the mean
+of its parts' means weighted by their tokens, or its last part's. Elsewhere (an embedding
+model that names its pooling, cls pooling) a part holds whole inputs, its first whatever its
+length, so one input may make a tick's part longer than ``--embedding-tick-tokens``.
 
 Pooling is the GGUF's (``{arch}.pooling_type``), or mean where it names none (a chat model);
 ``--pooling`` picks one. Vectors go out L2-normalised, as OpenAI's and llama-server's do.
@@ -19,7 +27,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,9 +34,16 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
+from tinyserve import capacity
 from tinyserve.config import Config
+from tinyserve.engine.embed_queue import EMBED_SEQS, EmbedJob, EmbedQueue, Piece
+from tinyserve.engine.embed_share import EmbedShare
+from tinyserve.engine.report import EmbedBatch
+from tinyserve.engine.sequence import Sequence
+from tinyserve.engine.timeline import RecentTimelines
 from tinyserve.engine.weights import GpuSpec, load_model, repack_weights
 from tinyserve.errors import RequestError
+from tinyserve.logs import fields
 from tinyserve.model import resolve_model_path
 from tinyserve.protocol import (
     FINISH_ERROR,
@@ -44,7 +58,6 @@ from tinyserve_native.batch_builder import BatchBuilder
 
 log = logging.getLogger(__name__)
 
-EMBED_SEQS = 32  # inputs in one embedding batch at most
 POOLINGS = {
     "mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN,
     "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS,
@@ -76,27 +89,22 @@ class EmbedSpec:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class EmbedBatch:
-    """One embedding batch the tick ran (for the metrics)."""
-
-    inputs: int
-    tokens: int
-    seconds: float
-
-
 class EmbeddingContext:
-    """A llama.cpp context whose outputs are pooled embeddings; ``run`` embeds one batch."""
+    """A llama.cpp context whose outputs are pooled embeddings; ``run`` embeds one part."""
 
-    def __init__(self, spec: EmbedSpec, model: llama_cpp.llama_model_p) -> None:
+    def __init__(self, spec: EmbedSpec, model: llama_cpp.llama_model_p, pooling: int) -> None:
         self.n_embd = int(llama_cpp.llama_model_n_embd_out(model))
-        self.pooling = pooling_of(model, spec.pooling)
+        self.pooling = pooling
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = params.n_batch = params.n_ubatch = spec.max_tokens
+        # cells for a part and for the input a part left half done; a batch size that is no
+        # multiple of 32 aborts the process in llama.cpp's pooling (a matrix of the wrong shape)
+        rows = -(-spec.max_tokens // 32) * 32
+        params.n_ctx = 2 * rows
+        params.n_batch = params.n_ubatch = rows
         params.n_seq_max = EMBED_SEQS
-        params.kv_unified = True  # one pool of cells, emptied before each batch
+        params.kv_unified = True  # one pool of cells, emptied whenever no input is half done
         params.embeddings = True
-        params.pooling_type = self.pooling
+        params.pooling_type = pooling
         params.n_threads = params.n_threads_batch = spec.n_threads
         params.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(model, params)
@@ -109,26 +117,28 @@ class EmbeddingContext:
         self._batch = llama_cpp.llama_batch_init(spec.max_tokens, 0, 1)
         self.batch = BatchBuilder(ctypes.addressof(self._batch), spec.max_tokens)
 
-    def run(self, inputs: list[list[int]]) -> list[npt.NDArray[np.float32]]:
-        """The L2-normalised pooled vector of each input; together they fit one batch."""
+    def run(self, pieces: list[Piece]) -> list[npt.NDArray[np.float64]]:
+        """Each piece's pooled vector (of its tokens in this part); together they fit one
+        batch, and a piece that goes on with an input follows that input's cells."""
         batch = self.batch
         batch.clear()
-        for seq_id, tokens in enumerate(inputs):
+        for piece in pieces:
             # every row an output: pooling reads each token's hidden state
-            batch.add_span(tokens, 0, len(tokens), 0, seq_id, False, True)
-        llama_cpp.llama_memory_clear(self._memory, True)
+            batch.add_span(piece.ids, piece.start, piece.n, piece.start, piece.seq_id, False, True)
         status = int(llama_cpp.llama_decode(self.ctx, self._batch))
         if status != 0:
             raise RequestError(f"llama_decode returned {status} for an embedding batch")
         vectors = []
-        for seq_id in range(len(inputs)):
-            pointer = llama_cpp.llama_get_embeddings_seq(self.ctx, seq_id)
+        for piece in pieces:
+            pointer = llama_cpp.llama_get_embeddings_seq(self.ctx, piece.seq_id)
             if not pointer:
                 raise RequestError("llama.cpp returned no pooled embedding")
-            vector = np.ctypeslib.as_array(pointer, shape=(self.n_embd,)).astype(np.float32)
-            norm = float(np.linalg.norm(vector))
-            vectors.append(vector / norm if norm > 0 else vector)
+            vectors.append(np.ctypeslib.as_array(pointer, shape=(self.n_embd,)).astype(np.float64))
         return vectors
+
+    def clear(self) -> None:
+        if self._memory:
+            llama_cpp.llama_memory_clear(self._memory, True)
 
     def close(self) -> None:
         llama_cpp.llama_batch_free(self._batch)
@@ -147,24 +157,29 @@ def pooling_of(model: llama_cpp.llama_model_p, choice: str) -> int:
     return llama_cpp.LLAMA_POOLING_TYPE_MEAN
 
 
+def splits_inputs(model: llama_cpp.llama_model_p, pooling: int) -> bool:
+    """Whether an input may be split across parts: mean or last pooling on a model whose
+    GGUF names no pooling type (a generation model, causal: a token's hidden state depends
+    on the tokens before it only, which its cells keep between parts)."""
+    arch = _meta(model, "general.architecture")
+    causal = not _meta(model, f"{arch}.pooling_type")
+    return causal and pooling in (
+        llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+        llama_cpp.LLAMA_POOLING_TYPE_LAST,
+    )
+
+
 def _meta(model: llama_cpp.llama_model_p, key: str) -> str:
     buf = ctypes.create_string_buffer(256)
     n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
     return buf.value.decode() if n >= 0 else ""
 
 
-@dataclass(eq=False, slots=True)
-class _Job:
-    request: Embed
-    vectors: list[bytes] = field(default_factory=list)
-    tokens: int = 0
-
-
 class Embeddings:
-    """The engine's embedding requests, first come first served, and the context they run in.
+    """The engine's embedding requests, the context they run in, and each tick's part.
 
     Every request that comes in gets exactly one ``Embedded``: from ``submit`` at once when
-    it is refused, from ``step`` when its last vector is out or its batch failed, from
+    it is refused, from ``step`` when its last vector is out or its part failed, from
     ``cancel`` (and the rest) when it is stopped. ``--embedding-model``'s weights are loaded
     here, at start-up, so a wrong path stops the engine at once; the context waits for the
     first request."""
@@ -174,10 +189,11 @@ class Embeddings:
         spec: EmbedSpec,
         served_model: llama_cpp.llama_model_p,
         served_n_vocab: int,
-        max_queue: int,
+        config: Config,
+        recent: RecentTimelines,
     ) -> None:
         self.spec = spec
-        self._max_queue = max_queue
+        self._max_queue = config.max_queue
         self._own_model = spec.model_path is not None
         self.model = served_model
         self.n_vocab = served_n_vocab
@@ -187,27 +203,41 @@ class Embeddings:
             self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
         # dimensions of a vector (the frontends check a request's ``dimensions`` against it)
         self.size = int(llama_cpp.llama_model_n_embd_out(self.model)) if self.model else 0
-        self._jobs: deque[_Job] = deque()
+        self.pooling = pooling_of(self.model, spec.pooling) if self.model else POOLINGS["mean"]
+        splits = bool(self.model) and splits_inputs(self.model, self.pooling)
+        mean = self.pooling == llama_cpp.LLAMA_POOLING_TYPE_MEAN
+        self.queue = EmbedQueue(config, recent, splits, mean)
+        self.share = EmbedShare(
+            config.embedding_share, config.embedding_tick_tokens, spec.max_tokens
+        )
         self._context: EmbeddingContext | None = None
 
     def __bool__(self) -> bool:
-        return bool(self._jobs)
+        return bool(self.queue)
 
     def __len__(self) -> int:
-        return len(self._jobs)
+        return len(self.queue)
 
-    def submit(self, request: Embed, draining: bool) -> Embedded | None:
+    def submit(self, request: Embed, draining: bool, tick: int, now: int) -> Embedded | None:
         """Queue ``request``; at once its end instead when it is refused (the engine drains,
         the queue is full) or cannot run as sent."""
         if draining:
             return _ended(request, FINISH_REJECTED, REJECT_DRAINING)
-        if len(self._jobs) >= self._max_queue:
+        if request.request_id in self.queue.by_id:
+            log.warning("duplicate request id ignored", extra=fields(id=request.request_id))
+            return None
+        if capacity.queue_full(self.queue.waiting(), 0, self._max_queue):
             return _ended(request, FINISH_REJECTED, REJECT_QUEUE_FULL)
         fault = self._fault(request)
         if fault:
             return _ended(request, FINISH_ERROR, fault)
-        self._jobs.append(_Job(request))
+        self.queue.add(request, tick, now)
         return None
+
+    def live(self, request_id: str) -> Sequence | None:
+        """The request as the policy and its timeline see it, while it is here."""
+        job = self.queue.by_id.get(request_id)
+        return None if job is None else job.seq
 
     def _fault(self, request: Embed) -> str:
         """What makes an ``Embed`` unsafe to run, or "". Our frontends check first; anything
@@ -220,76 +250,60 @@ class Embeddings:
                 return "an input's token id is outside the vocabulary"
         return "" if request.inputs else "no inputs"
 
-    def cancel(self, request_id: str, reason: str) -> Embedded | None:
-        for job in self._jobs:
-            if job.request.request_id == request_id:
-                self._jobs.remove(job)
-                return _ended(job.request, reason)
-        return None
+    def cancel(self, request_id: str, reason: str, tick: int, now: int) -> Embedded | None:
+        job = self.queue.by_id.get(request_id)
+        return None if job is None else self._end(job, reason, "", tick, now)
 
-    def cancel_frontend(self, frontend_id: str, reason: str) -> list[Embedded]:
-        gone = [job for job in self._jobs if job.request.frontend_id == frontend_id]
-        for job in gone:
-            self._jobs.remove(job)
-        return [_ended(job.request, reason, "frontend gone") for job in gone]
+    def cancel_frontend(self, frontend_id: str, reason: str, tick: int, now: int) -> list[Embedded]:
+        gone = [job for job in self.queue.by_id.values() if job.request.frontend_id == frontend_id]
+        return [self._end(job, reason, "frontend gone", tick, now) for job in gone]
 
-    def end_all(self, reason: str, detail: str) -> list[Embedded]:
-        ended = [_ended(job.request, reason, detail) for job in self._jobs]
-        self._jobs.clear()
-        return ended
+    def end_all(self, reason: str, detail: str, tick: int, now: int) -> list[Embedded]:
+        return [
+            self._end(job, reason, detail, tick, now) for job in list(self.queue.by_id.values())
+        ]
 
-    def step(self, tokens: int = 0) -> tuple[list[Embedded], EmbedBatch | None]:
-        """Run one batch of the oldest inputs, at most ``tokens`` tokens when given (and at
-        least one input): the requests that ended, and the batch."""
+    def step(self, room: int, tick: int, now: int) -> tuple[list[Embedded], EmbedBatch | None]:
+        """Run this tick's part, at most ``room`` tokens (at least one piece): the requests
+        that ended, and the part."""
         try:
             context = self._open()
         except RequestError as exc:  # every waiting request would fail the same way
             log.error("embedding context failed: %s", exc)
-            return self.end_all(FINISH_ERROR, str(exc)), None
-        inputs, owners = self._next_batch(min(tokens or self.spec.max_tokens, self.spec.max_tokens))
-        started = time.perf_counter()
+            return self.end_all(FINISH_ERROR, str(exc), tick, now), None
+        pieces = self.queue.plan(room, tick, now)
+        started = time.perf_counter_ns()
         try:
-            vectors = context.run(inputs)
-        except RequestError as exc:  # the batch's requests end; the engine goes on
+            vectors = context.run(pieces)
+        except RequestError as exc:  # the part's requests end; the engine goes on
             log.error("embedding batch failed: %s", exc)
-            return [self._end(job, FINISH_ERROR, str(exc)) for job in dict.fromkeys(owners)], None
-        seconds = time.perf_counter() - started
-        for job, ids, vector in zip(owners, inputs, vectors, strict=True):
-            job.vectors.append(vector.astype("<f4").tobytes())
-            job.tokens += len(ids)
-        done = [job for job in dict.fromkeys(owners) if len(job.vectors) == len(job.request.inputs)]
-        ended = [self._end(job, FINISH_STOP) for job in done]
-        return ended, EmbedBatch(len(inputs), sum(map(len, inputs)), seconds)
+            jobs = dict.fromkeys(piece.job for piece in pieces)
+            context.clear()
+            return [self._end(job, FINISH_ERROR, str(exc), tick, now) for job in jobs], None
+        ns = time.perf_counter_ns() - started
+        done = self.queue.took(pieces, vectors, tick, now, ns)
+        ended = [self._end(job, FINISH_STOP, "", tick, now) for job in done]
+        if not self.queue.split():
+            context.clear()
+        tokens = sum(piece.n for piece in pieces)
+        inputs = sum(piece.last for piece in pieces)
+        return ended, EmbedBatch(inputs, tokens, ns / 1e9, len(pieces))
 
-    def _next_batch(self, room: int) -> tuple[list[list[int]], list[_Job]]:
-        """The oldest inputs not yet embedded, as many as ``room`` tokens hold (at least one),
-        and the job of each."""
-        inputs: list[list[int]] = []
-        owners: list[_Job] = []
-        for job in self._jobs:
-            for ids in job.request.inputs[len(job.vectors) :]:
-                if (inputs and len(ids) > room) or len(inputs) == EMBED_SEQS:
-                    return inputs, owners
-                inputs.append(ids)
-                owners.append(job)
-                room -= len(ids)
-        return inputs, owners
-
-    def _end(self, job: _Job, reason: str, detail: str = "") -> Embedded:
-        self._jobs.remove(job)
-        if reason != FINISH_STOP:
-            return _ended(job.request, reason, detail)
-        request = job.request
-        return Embedded(request.frontend_id, request.request_id, reason, job.vectors, job.tokens)
+    def _end(self, job: EmbedJob, reason: str, detail: str, tick: int, now: int) -> Embedded:
+        if job.done and self._context is not None:
+            self._context.clear()  # its half-done input's cells were the only ones
+        return self.queue.end(job, reason, detail, tick, now)
 
     def _open(self) -> EmbeddingContext:
         if self._context is None:
-            self._context = EmbeddingContext(self.spec, self.model)
+            self._context = EmbeddingContext(self.spec, self.model, self.pooling)
             log.info(
-                "embedding context ready: %d tokens per batch, %d dimensions, pooling %d",
+                "embedding context ready: %d tokens per batch, %d dimensions, pooling %d, "
+                "inputs split across ticks: %s",
                 self.spec.max_tokens,
                 self._context.n_embd,
                 self._context.pooling,
+                "yes" if self.queue.splits else "no",
             )
         return self._context
 

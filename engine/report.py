@@ -9,7 +9,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from tinyserve.engine.embedder import EmbedBatch
 from tinyserve.engine.host_cache import CacheStats
 from tinyserve.engine.timeline import Timeline
 from tinyserve.protocol import Embedded, RequestUpdate
@@ -100,6 +99,17 @@ class Guessed:
         self.steps += 1
         self.tokens += tokens
         self.accepted += accepted
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedBatch:
+    """The embedding part a tick ran (for the metrics and the feed): the inputs whose vector
+    it finished, its tokens, its decode's time, and its pieces (rows of inputs)."""
+
+    inputs: int
+    tokens: int
+    seconds: float
+    pieces: int = 0
 
 
 @dataclass(slots=True)

@@ -81,6 +81,8 @@ class Config:
     embedding_model: str | None
     pooling: str
     embedding_max_tokens: int
+    embedding_tick_tokens: int
+    embedding_share: float
     api_key: tuple[str, ...]
     api_key_file: str | None
     metrics_auth: bool

@@ -66,6 +66,13 @@ def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be > 0 and <= 1, got {text!r}")
+    return value
+
+
 # A weight's bounds: a million to one at most between two tenants, and a virtual clock that
 # stays finite (WFQ divides each charge by the weight).
 WEIGHT_MIN, WEIGHT_MAX = 1e-3, 1e3
@@ -288,6 +295,22 @@ OPTIONS: tuple[Option, ...] = (
         512,
         "longest /v1/embeddings input in tokens, and the tokens of one embedding batch",
         _ALL,
+    ),
+    Option(
+        "embedding_tick_tokens",
+        _pint,
+        16,
+        "most /v1/embeddings tokens one tick runs while generation requests wait or run: "
+        "what a stream's gap between two tokens grows by at most",
+        _ENG,
+    ),
+    Option(
+        "embedding_share",
+        _share,
+        0.6,
+        "share of the engine's time /v1/embeddings gets while generation requests wait or run "
+        "(1: a part every tick)",
+        _ENG,
     ),
     # frontend
     Option("host", str, "127.0.0.1", "address to listen on", _FE),

@@ -146,6 +146,9 @@ class Embed(Message):
     frontend_id: str
     inputs: list[list[int]]
     arrival_ns: int = 0  # time.monotonic_ns() at the frontend
+    # Ordered among embedding requests by --policy, as Submit's are among generation ones.
+    priority: int = 0
+    tenant: str = "default"
 
 
 # -- engine -> frontend -------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 
 from tinyserve.engine import embedder as embedder_module
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.embedder import EMBED_SEQS
+from tinyserve.engine.embed_queue import Piece
 from tinyserve.engine.runtime import LlamaRuntime
 from tinyserve.errors import RequestError
 from tinyserve.protocol import (
@@ -80,33 +80,61 @@ def test_each_input_gets_a_unit_vector_in_order(
     assert float(got[0] @ got[2]) < 0.999
 
 
-def test_a_long_list_runs_one_batch_per_tick_beside_generation(
-    core: EngineCore, tokenize: Callable[[str], list[int]]
+def test_beside_generation_each_tick_runs_a_bounded_part_splitting_inputs(
+    runtime: LlamaRuntime, tokenize: Callable[[str], list[int]]
 ) -> None:
-    one = tokenize(TEXTS[0])  # 10 tokens: 6 fit a batch of 64, 3 a prompt chunk of 32
-    alone, beside = min(64 // len(one), EMBED_SEQS), 32 // len(one)
-    inputs = [one] * (beside * 8 + alone * 2)
-    core.submit(Submit("gen", "fe", tokenize("Count to ten:"), SamplingParams(), max_tokens=8))
-    core.embed(embed("many", inputs))
-    batches, tokens_per_tick, ended = [], [], []
+    """With a share of 1 every tick runs a part: of --embedding-tick-tokens tokens while a
+    generation request runs (inputs split across ticks), of a whole batch once it ended; a
+    split input's vector is the one it has whole."""
+    # parts under 64 rows: llama.cpp multiplies batches of 64 rows or more with another kernel
+    config = core_config(embedding_max_tokens=48, embedding_tick_tokens=4, embedding_share=1)
+    core = EngineCore(config, runtime)
+    one = tokenize(TEXTS[0])  # 10 tokens
+    core.embed(embed("whole", [one]))
+    (whole,) = run_until_ended(core)
+    core.submit(Submit("gen", "fe", tokenize("Count to ten:"), SamplingParams(), max_tokens=6))
+    core.embed(embed("many", [one] * 12))
+    parts, ended = [], []
     while core.has_work():
         generating = bool(core.scheduler.by_id)
         report = core.step()
         if report.embed_batch is not None:
-            batches.append((generating, report.embed_batch.inputs))
-        tokens_per_tick.append(report.generated)
+            parts.append((generating, report.embed_batch.tokens))
         ended += report.embedded
-    # beside the running request a batch holds a prompt chunk's tokens; alone, a full batch
-    # beside the generation request a batch holds a prompt chunk's tokens; alone, a full one
-    assert batches == [(True, beside)] * 8 + [(False, alone)] * 2
-    # the generation went on while the list was embedded: a token on each of those ticks
-    # after its prefill (the first tick)
-    assert tokens_per_tick[:8] == [1] * 8
+    core.embeddings.close()
+    # parts of at most 4 tokens while the request ran: an input split 4 + 4 + 2 (the next
+    # one does not begin beside it), then a batch of whole inputs at a time
+    assert parts[:6] == [(True, 4), (True, 4), (True, 2)] * 2
+    assert [tokens for _, tokens in parts[6:]] == [40, 40, 20]
     (done,) = ended
-    assert done.finish_reason == FINISH_STOP and len(done.vectors) == len(inputs)
-    first = vectors(done)[0]
-    # the same input in batches of other sizes: the same vector, up to the last bits
-    assert all(float(v @ first) > 1 - 1e-5 for v in vectors(done))
+    assert done.finish_reason == FINISH_STOP and len(done.vectors) == 12
+    assert done.prompt_tokens == 120
+    # split 4 + 4 + 2 or whole: the same vector, up to the last bits
+    assert all(float(v @ vectors(whole)[0]) > 1 - 1e-5 for v in vectors(done))
+
+
+def test_the_policy_orders_embedding_requests(
+    runtime: LlamaRuntime, tokenize: Callable[[str], list[int]]
+) -> None:
+    """Under --policy priority a later request of a higher priority runs first; each has a
+    timeline: accepted, taken (with the rule), a part per tick, finished."""
+    config = core_config(embedding_max_tokens=16, policy="priority")
+    core = EngineCore(config, runtime)
+    one = tokenize(TEXTS[0])
+    core.embed(Embed("low", "fe", [one, one], priority=0))
+    core.embed(Embed("high", "fe", [one, one], priority=5))
+    order = [e.request_id for e in run_until_ended(core)]
+    core.embeddings.close()
+    assert order == ["high", "low"]
+    timeline = core.timeline_of("low")
+    assert timeline is not None and timeline["status"] == "finished"
+    assert timeline["queue"]["rule"] == "priority=0"
+    # whole inputs, one per part (two do not fit 16 tokens), each part a tick of its own
+    assert [chunk["tokens"] for chunk in timeline["prefill"]] == [10, 10]
+    assert [chunk["tick"] for chunk in timeline["prefill"]] == [3, 4]
+    assert timeline["finish"]["reason"] == FINISH_STOP
+    high = core.timeline_of("high")
+    assert high is not None and [c["tick"] for c in high["prefill"]] == [1, 2]
 
 
 def test_inputs_that_cannot_run_end_with_an_error_at_once(core: EngineCore) -> None:
@@ -165,7 +193,7 @@ def test_a_failed_batch_ends_its_requests_and_the_engine_goes_on(
     core.embed(embed("doomed", [[1, 2, 3]]))
     real = embedder_module.EmbeddingContext.run
 
-    def fail(self: embedder_module.EmbeddingContext, inputs: list[list[int]]) -> list[np.ndarray]:
+    def fail(self: embedder_module.EmbeddingContext, pieces: list[Piece]) -> list[np.ndarray]:
         raise RequestError("llama_decode returned -3 for an embedding batch")
 
     monkeypatch.setattr(embedder_module.EmbeddingContext, "run", fail)

@@ -1,0 +1,51 @@
+"""The engine's time shared between embeddings and generation: a part only while embeddings
+are owed time, never larger than --embedding-tick-tokens beside generation."""
+
+from __future__ import annotations
+
+from tinyserve.engine.embed_share import EmbedShare
+
+MS = 1_000_000
+
+
+def ticks_with_parts(share: EmbedShare, ticks: int, generation_ns: int, part_ns: int) -> str:
+    """Which of ``ticks`` generation ticks ran a part ("E") or none ("."), each part taking
+    ``part_ns``."""
+    pattern = ""
+    for _ in range(ticks):
+        room = share.room(generating=True)
+        pattern += "E" if room else "."
+        share.ran(True, generation_ns, part_ns if room else 0)
+    return pattern
+
+
+def test_alone_a_part_is_a_whole_batch() -> None:
+    share = EmbedShare(0.5, 16, 512)
+    assert share.room(generating=False) == 512
+    share.ran(False, 0, 900 * MS)
+    assert share.room(generating=True) == 16  # nothing owed from the spell alone
+
+
+def test_parts_come_as_often_as_the_share_says() -> None:
+    # a part takes 4 generation ticks' time: at a half share, one tick in four carries one
+    # (4 ticks of 10 ms, one part of 40 ms)
+    assert ticks_with_parts(EmbedShare(0.5, 16, 512), 12, 10 * MS, 40 * MS) == "E...E...E..."
+    # at 0.8 a part is earned by each generation tick
+    assert ticks_with_parts(EmbedShare(0.8, 16, 512), 6, 10 * MS, 40 * MS) == "EEEEEE"
+    # at 1 every tick runs a part, however long
+    assert ticks_with_parts(EmbedShare(1.0, 16, 512), 4, 10 * MS, 400 * MS) == "EEEE"
+
+
+def test_time_is_not_saved_up() -> None:
+    share = EmbedShare(0.5, 16, 512)
+    assert ticks_with_parts(share, 3, 10 * MS, 40 * MS) == "E.."
+    share.idle()  # no embedding waits: the debt is forgiven, and nothing is earned
+    assert ticks_with_parts(share, 6, 10 * MS, 20 * MS) == "E.E.E."
+    # a tick that earned more than its part spent keeps one tick's earning at most
+    share = EmbedShare(0.5, 16, 512)
+    assert ticks_with_parts(share, 4, 100 * MS, 1 * MS) == "EEEE"
+    assert share.owed_ns == 100 * MS
+
+
+def test_a_part_never_exceeds_the_largest_input() -> None:
+    assert EmbedShare(0.5, 1024, 512).room(generating=True) == 512
