@@ -14,15 +14,26 @@ costs generation: the inter-token latency of a 128-token stream alone and while 
 sends ``list`` requests back to back (the engine runs one embedding batch per tick).
 Writes ``bench/results/embeddings.csv``.
 
+``--mixed``: TinyServe alone, the engine shared (issue 47). ``--streams`` clients each stream
+``--stream-tokens`` greedy tokens back to back, and ``--clients`` clients each send
+``--per-request`` inputs per request back to back, for ``--window`` seconds: the streams alone,
+the embedding clients alone, then both at once (the embedding clients start first and go on
+until the last stream ends; inputs count when their request ended within the window). Figures:
+the streams' ITL p50/p99 and the embedding inputs per second, each beside the other against
+alone, and every request that failed. ``--embedding-model PATH`` gives the node a second model
+for the embeddings; ``--node-flags`` more flags. Writes ``bench/results/embeddings_mixed.csv``.
+
     .venv/bin/python bench/embeddings.py
     .venv/bin/python bench/embeddings.py --tokens 120 --per-request 32 --rounds 4
     .venv/bin/python bench/embeddings.py --stream-only    # the stream beside embeddings alone
+    .venv/bin/python bench/embeddings.py --mixed --streams 1 --clients 4
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import statistics
 import time
@@ -30,7 +41,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from common import in_fresh_process, mean, percentile, prompt_of, start_node, write_csv
+from common import (
+    in_fresh_process,
+    mean,
+    percentile,
+    prompt_of,
+    start_node,
+    stream_request,
+    write_csv,
+)
 from vs_llama_server import Server, launch_llama_server, llama_server_binary, model_id
 
 SERVER_CTX = 512  # llama-server's cells per slot, and TinyServe's --embedding-max-tokens
@@ -173,6 +192,94 @@ async def stream_gaps(server: Server, busy: bool, args: argparse.Namespace) -> l
     return gaps
 
 
+async def mixed_phase(
+    url: str, streams: int, clients: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """``streams`` stream clients and ``clients`` embedding clients for ``--window`` seconds:
+    the streams' gaps, the inputs embedded within the window, the requests that failed."""
+    inputs = texts(args.per_request, args.tokens)
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    gaps: list[float] = []
+    embedded, failed = [0], [0]
+    async with aiohttp.ClientSession(connector=connector) as session:
+        streams_done = asyncio.Event()
+        began = time.perf_counter()
+        stop = began + args.window
+
+        async def streamer(index: int) -> None:
+            while time.perf_counter() < stop:
+                body = {
+                    "prompt": prompt_of(32, 1000 + index), "max_tokens": args.stream_tokens,
+                    "temperature": 0, "ignore_eos": True,
+                }  # fmt: skip
+                result = await stream_request(session, url, body)
+                failed[0] += result.status != 200 or result.tokens != args.stream_tokens
+                gaps.extend(result.gaps)
+
+        async def embedder() -> None:
+            body = {"input": inputs, "encoding_format": "base64"}
+            while not (streams_done.is_set() or (not streams and time.perf_counter() > stop)):
+                async with session.post(f"{url}/v1/embeddings", json=body) as resp:
+                    reply = await resp.json()
+                if resp.status != 200 or len(reply.get("data", ())) != len(inputs):
+                    failed[0] += 1
+                elif time.perf_counter() <= stop:
+                    embedded[0] += len(inputs)
+
+        tasks = [asyncio.create_task(embedder()) for _ in range(clients)]
+        await asyncio.sleep(0.5 if clients else 0)  # the embedding load is on when streams begin
+        await asyncio.gather(*(streamer(i) for i in range(streams)))
+        streams_done.set()
+        await asyncio.gather(*tasks)
+    return {
+        "itl_p50_ms": round(1000 * percentile(gaps, 0.5), 2) if gaps else None,
+        "itl_p99_ms": round(1000 * percentile(gaps, 0.99), 2) if gaps else None,
+        "gaps": len(gaps),
+        "inputs_per_s": round(embedded[0] / args.window, 2) if clients else None,
+        "failed": failed[0],
+    }
+
+
+def run_mixed(model: Path, args: argparse.Namespace) -> None:
+    """The mixed workload on one node: streams alone, embeddings alone, both."""
+    flags = ["--model", str(model), "--threads", str(args.threads), "--max-queue", "1024"]
+    if args.embedding_model:
+        flags += ["--embedding-model", str(args.embedding_model)]
+    node = start_node(*flags, *args.node_flags.split(), frontends=args.frontends)
+    rows = []
+    try:
+        for r in range(args.rounds):
+            for name, streams, clients in (
+                ("streams alone", args.streams, 0),
+                ("embeddings alone", 0, args.clients),
+                ("both", args.streams, args.clients),
+            ):
+                got = asyncio.run(mixed_phase(node.url, streams, clients, args))
+                rows.append({"phase": name, "round": r + 1, **got})
+                print(f"round {r + 1} {name}: {got}", flush=True)
+    finally:
+        node.stop(False)
+    path = write_csv("embeddings_mixed", rows)
+    second = f", embeddings on {args.embedding_model}" if args.embedding_model else ""
+    print(
+        f"\nmodel {model.name}{second}; threads {args.threads}; {args.streams} streams of "
+        f"{args.stream_tokens} tokens; {args.clients} embedding clients x {args.per_request} "
+        f"inputs of ~{args.tokens} tokens; {args.window} s windows; flags {args.node_flags!r}"
+    )
+    for r in range(args.rounds):
+        alone, embeds, both = rows[3 * r : 3 * r + 3]
+        p50 = (both["itl_p50_ms"] or 0) / (alone["itl_p50_ms"] or math.inf)
+        p99 = (both["itl_p99_ms"] or 0) / (alone["itl_p99_ms"] or math.inf)
+        rate = both["inputs_per_s"] / (embeds["inputs_per_s"] or math.inf)
+        print(
+            f"round {r + 1}: ITL p50 {alone['itl_p50_ms']} -> {both['itl_p50_ms']} ms "
+            f"({p50:.2f}x), p99 {alone['itl_p99_ms']} -> {both['itl_p99_ms']} ms ({p99:.2f}x); "
+            f"embeddings {embeds['inputs_per_s']} -> {both['inputs_per_s']} inputs/s "
+            f"({rate:.2f}x); failed {sum(row['failed'] for row in (alone, embeds, both))}"
+        )
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--inputs", type=int, default=128, help="texts per round")
@@ -186,11 +293,21 @@ def main() -> None:
     parser.add_argument(
         "--stream-only", action="store_true", help="only a stream's ITL, alone and beside"
     )
+    parser.add_argument("--mixed", action="store_true", help="streams and embeddings at once")
+    parser.add_argument("--streams", type=int, default=1, help="--mixed: stream clients")
+    parser.add_argument("--clients", type=int, default=4, help="--mixed: embedding clients")
+    parser.add_argument("--stream-tokens", type=int, default=256)
+    parser.add_argument("--window", type=float, default=30.0, help="--mixed: seconds a phase")
+    parser.add_argument("--embedding-model", type=Path, default=None)
+    parser.add_argument("--node-flags", default="", help="--mixed: more flags for the node")
     args = parser.parse_args()
 
     from tinyserve.model import resolve_model_path
 
     model = resolve_model_path(str(args.model) if args.model else None)
+    if args.mixed:
+        run_mixed(model, args)
+        return
     llama_server_binary()
     inputs = texts(args.inputs, args.tokens)
     rows: list[dict[str, Any]] = []

@@ -63,7 +63,9 @@ async def embeddings(request: web.Request) -> web.Response:
         raise invalid(message, "dimensions")
     inputs = await _token_ids(request, req)
     request_id = new_request_id()
-    embed = protocol.Embed(request_id, app[CLIENT].frontend_id, inputs, time.monotonic_ns())
+    embed = protocol.Embed(
+        request_id, app[CLIENT].frontend_id, inputs, time.monotonic_ns(), req.priority, req.tenant
+    )
     try:
         embedded = await app[CLIENT].embed(embed)
     except EngineUnreachable as exc:

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, WithJsonSchema
 
 from tinyserve.frontend.models.common import INTEGRAL, Reply, Request, Text, expect
+from tinyserve.frontend.models.fields import Priority, Tenant
 from tinyserve.frontend.models.tokenize import TokenId
 
 # OpenAI's limit on the inputs of one request.
@@ -45,6 +46,10 @@ class EmbeddingsRequest(Request):
         None, description="when given, the model's embedding size (vectors are not shortened)"
     )
     user: Text | None = Field(None, description="accepted and ignored")
+    priority: Priority = Field(
+        0, description="larger is more important among embedding requests (--policy priority)"
+    )
+    tenant: Tenant = Field("default", description="fairness group (--policy wfq)")
 
 
 class Embedding(Reply):
