@@ -5,9 +5,10 @@ viewers): ``EventFeed.until_ns`` is 0 otherwise, and ``proc.py`` tests only that
 doing anything else, so a node nobody watches pays one attribute test per pass.
 
 While leased, every report is folded into the pending update (tick and batch sums, grants,
-finishes and rejections as events); at most every ``INTERVAL_NS`` one ``FeedUpdate`` goes
-out with a snapshot of the slots, the queue and the KV blocks, so a viewer gets at most ten
-updates a second however fast the engine ticks. The core is never asked to do anything: the
+finishes and rejections as events; embedding parts as sums of their own); at most every
+``INTERVAL_NS`` one ``FeedUpdate`` goes out with a snapshot of the slots, the queue, the
+embedding requests' queue and the KV blocks, so a viewer gets at most ten updates a second
+however fast the engine ticks. The core is never asked to do anything: the
 snapshot reads its slots and its policy's waiting requests, as values, at send time.
 """
 
@@ -44,8 +45,9 @@ class EventFeed:
         self._started_ns = 0
         self._ticks = 0
         self._batch: dict[str, float] = dict.fromkeys(
-            ("requests", "tokens", "prefill_tokens", "decode_tokens", "decode_s", "generated"), 0
-        )
+            ("requests", "tokens", "prefill_tokens", "decode_tokens", "decode_s", "generated",
+             "embed_tokens", "embed_rows", "embed_inputs", "embed_s"), 0
+        )  # fmt: skip
         self._events: list[dict[str, Any]] = []
         self._dropped = 0
 
@@ -87,6 +89,13 @@ class EventFeed:
             b["decode_tokens"] += batch.decode_tokens
             b["decode_s"] += batch.decode_s
         self._batch["generated"] += report.generated
+        if report.embed_batch is not None:  # the tick's embedding part (a tick alone, or not)
+            b, part = self._batch, report.embed_batch
+            self._ticks += report.batch is None
+            b["embed_tokens"] += part.tokens
+            b["embed_rows"] += part.pieces
+            b["embed_inputs"] += part.inputs
+            b["embed_s"] += part.seconds
         events = [grant_event(g.request_id, g.tenant, g.priority, g.rule, g.wait_s, tick)
                   for g in report.grants]  # fmt: skip
         for finish in report.finishes:
@@ -106,7 +115,12 @@ class EventFeed:
         return bool(self._ticks or self._events) or since >= IDLE_INTERVAL_NS
 
     def take(
-        self, now: int, slots: Seq[Sequence | None], waiting: Iterable[Sequence], load: Load
+        self,
+        now: int,
+        slots: Seq[Sequence | None],
+        waiting: Iterable[Sequence],
+        load: Load,
+        embed_waiting: Iterable[Sequence] = (),
     ) -> FeedUpdate:
         """The pending update with the state now; starts the next one."""
         self._seq += 1
@@ -131,6 +145,7 @@ class EventFeed:
             kv,
             self._events,
             self.policy,
+            queue_state(embed_waiting),
         )
         self._sent_ns = now
         self._reset()

@@ -195,7 +195,10 @@ class EngineProcess:
             return
         feed.observe(report, now)
         if feed.due(now):
-            update = feed.take(now, self.core.slots(), self.core.queued(), report.load)
+            core = self.core
+            update = feed.take(
+                now, core.slots(), core.queued(), report.load, core.queued_embeddings()
+            )
             self.outbox.send_multipart([FEED_TOPIC, encode(update)])
 
     def _fail(self, exc: Exception) -> NoReturn:

@@ -5,7 +5,7 @@ tags); apart because nothing on a request's path reads them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tinyserve.wire import Message
@@ -31,7 +31,9 @@ class FeedUpdate(Message):
     """The node's scheduling state for the event feed, at most one per feed interval (ticks
     that came faster are folded into it), published on ``FEED_TOPIC`` while any lease holds.
 
-    ``ticks``/``batch`` sum the decode calls since the previous update (``window_s``);
+    ``ticks``/``batch`` sum the decode calls since the previous update (``window_s``), the
+    embedding parts' in ``batch``'s ``embed_*`` figures (tokens, rows, inputs finished,
+    seconds; a tick that ran only a part counts in ``ticks``);
     ``events`` are what happened in them (``kind``: grant, finish, reject); ``slots`` is one
     entry per slot (None: free); ``queue`` counts waiting requests by tenant and priority;
     ``kv`` is the block figures at ``at_ns`` (the engine's CLOCK_MONOTONIC); ``policy`` the
@@ -51,3 +53,5 @@ class FeedUpdate(Message):
     kv: dict[str, int]
     events: list[dict[str, Any]]
     policy: str = ""  # the engine's --policy (frontends do not have it)
+    # embedding requests waiting for their first part, counted as ``queue`` counts
+    embed_queue: list[dict[str, Any]] = field(default_factory=list)

@@ -130,6 +130,7 @@ def update_body(update: feed_protocol.FeedUpdate) -> dict[str, Any]:
         "kv": update.kv,
         "events": update.events,
         "policy": update.policy,
+        "embed_queue": update.embed_queue,
     }
 
 

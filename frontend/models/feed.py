@@ -48,10 +48,11 @@ class FeedUpdateBody(BaseModel):
     at_ms: float = Field(description="the engine's monotonic clock")
     window_s: float = Field(description="time the ticks and events cover")
     tick: int = Field(description="the engine's tick counter")
-    ticks: int = Field(description="decode calls in the window")
+    ticks: int = Field(description="ticks in the window (a decode, an embedding part or both)")
     batch: dict[str, float] = Field(
         description="sums over the window: tokens, prefill_tokens, decode_tokens, decode_s, "
-        "generated; requests: the largest batch; events_dropped when over the bound"
+        "generated; the embedding parts' embed_tokens, embed_rows, embed_inputs (finished), "
+        "embed_s; requests: the largest batch; events_dropped when over the bound"
     )
     slots: list[SlotState | None]
     queue: list[QueueGroup]
@@ -62,6 +63,9 @@ class FeedUpdateBody(BaseModel):
         "itl_ms) or reject (reason, stage); each with its tick"
     )
     policy: str = Field(description="the engine's scheduling policy (--policy)")
+    embed_queue: list[QueueGroup] = Field(
+        description="embedding requests waiting for their first part, as queue counts"
+    )
 
 
 class FeedEnd(BaseModel):

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from tinyserve.engine import events
 from tinyserve.engine.events import EventFeed
-from tinyserve.engine.report import Batch, Cause, Ended, Grant, Load, Rejected, TickReport
+from tinyserve.engine.report import (
+    Batch,
+    Cause,
+    EmbedBatch,
+    Ended,
+    Grant,
+    Load,
+    Rejected,
+    TickReport,
+)
 from tinyserve.engine.sequence import Sequence, SequenceStatus
 from tinyserve.engine.timeline import Timeline
 from tinyserve.protocol import (
@@ -138,3 +147,25 @@ def test_when_the_last_lease_ends_pending_data_is_dropped() -> None:
     feed.expire(2_000 * MS)
     feed.lease("f" * 32, 1.0, now=2_000 * MS)
     assert feed.take(2_000 * MS + 1, [], [], LOAD).events == []
+
+
+def test_embedding_parts_and_the_embedding_queue_are_in_the_update() -> None:
+    """A tick's embedding part adds to the batch figures (a tick of a part alone is a tick);
+    waiting embedding requests are counted apart from the generation queue."""
+    feed = EventFeed()
+    feed.lease("f" * 32, 5.0, now=0)
+    beside = tick()
+    beside.embed_batch = EmbedBatch(inputs=1, tokens=16, seconds=0.05, pieces=2)
+    alone = TickReport(LOAD, embed_batch=EmbedBatch(inputs=8, tokens=480, seconds=0.9, pieces=8))
+    feed.observe(beside, 1)
+    feed.observe(alone, 2)
+    waiting = [seq("e1", SequenceStatus.WAITING, tenant="t3"),
+               seq("e2", SequenceStatus.WAITING, tenant="t3")]  # fmt: skip
+    update = feed.take(events.INTERVAL_NS, [], [], LOAD, waiting)
+    assert update.ticks == 2
+    batch = update.batch
+    assert (batch["embed_tokens"], batch["embed_rows"], batch["embed_inputs"]) == (496, 10, 9)
+    assert batch["tokens"] == 4  # the generation batch's alone
+    assert update.queue == []
+    assert update.embed_queue == [{"tenant": "t3", "priority": 0, "count": 2}]
+    assert decode(encode(update)) == update

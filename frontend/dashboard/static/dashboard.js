@@ -174,10 +174,16 @@ function showFigures(u) {
   const tokens = state.rate.slice(1).reduce((sum, r) => sum + r[1], 0);
   $("throughput").textContent = span > 0 ? (tokens / (span / 1000)).toFixed(1) : "0";
   if (u.ticks) {
-    $("tick-ms").textContent = ((u.batch.decode_s * 1000) / u.ticks).toFixed(1);
-    $("batch-size").textContent = String(u.batch.requests);
-    const share = u.batch.tokens ? u.batch.prefill_tokens / u.batch.tokens : 0;
+    const b = u.batch;
+    const embedS = b.embed_s || 0;
+    $("tick-ms").textContent = (((b.decode_s + embedS) * 1000) / u.ticks).toFixed(1);
+    $("batch-size").textContent = String(b.requests);
+    const share = b.tokens ? b.prefill_tokens / b.tokens : 0;
     $("prefill-share").textContent = `${Math.round(share * 100)}%`;
+    const busy = b.decode_s + embedS;
+    $("embed-share").textContent = `${Math.round(busy ? (100 * embedS) / busy : 0)}%`;
+    $("embed-tokens").textContent = ((b.embed_tokens || 0) / u.ticks).toFixed(1);
+    $("embed-rows").textContent = ((b.embed_rows || 0) / u.ticks).toFixed(1);
   }
   const kv = u.kv;
   $("kv-used").textContent = String(kv.used);
@@ -188,6 +194,9 @@ function showFigures(u) {
   $("kv-bar-cached").style.width = `${(100 * kv.cached) / Math.max(kv.total, 1)}%`;
   $("queue-total").textContent = String(u.queue.reduce((sum, q) => sum + q.count, 0));
   fillRows($("queue"), u.queue.map((q) => [q.tenant, q.priority, q.count]));
+  const embedQueue = u.embed_queue || [];
+  $("embed-queue-total").textContent = String(embedQueue.reduce((sum, q) => sum + q.count, 0));
+  fillRows($("embed-queue"), embedQueue.map((q) => [q.tenant, q.priority, q.count]));
   const outcomes = [...state.outcomes].sort((a, b) => b[1] - a[1]);
   fillRows($("outcomes"), [
     ...outcomes.map(([key, n]) => [...key.split("|"), n]),
