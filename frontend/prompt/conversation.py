@@ -4,13 +4,18 @@ A template with its own tool syntax (``structured.tool_syntax``) is given the to
 assistant's tool calls and the tools' results as Hugging Face's ``apply_chat_template``
 gives them; any other gets the generic format of ``structured.tool_calls``: the tools
 described in a system message (added to the first one when there is one), a call written in
-the assistant's text, a tool's result as a user message. ``developer`` is ``system``, and
-system messages after the first turn are moved into the system prompt.
+the assistant's text, a tool's result as a user message. ``developer`` is ``system``.
+
+A system message after the first turn (agents send them) stays where it is when the template
+renders it there: what comes before it is then the prompt of the turns before, which the prefix
+cache holds. A template that refuses it, or drops its text, gets it moved into the system
+prompt instead, after the tools offered there.
 """
 
 from __future__ import annotations
 
 from tinyserve.frontend.models.chat import ChatMessage, ConversationFields
+from tinyserve.frontend.models.errors import ApiError
 from tinyserve.frontend.prompt.chat_template import ChatPrompt, ChatTemplate, TemplateMessage
 from tinyserve.frontend.structured import tool_calls
 
@@ -24,12 +29,26 @@ def render(
     tools = None
     if own_tools and fields.calls_tools:
         tools = [tool.model_dump(exclude_unset=True) for tool in fields.tools]
-    return template.render(
-        template_messages(fields, messages, own_tools),
-        tools=tools,
-        add_generation_prompt=fields.ends_with_generation_prompt,
-        continue_final_message=fields.continue_final_message,
-    )
+    written = template_messages(fields, messages, own_tools)
+
+    def rendered(these: list[TemplateMessage]) -> ChatPrompt:
+        return template.render(
+            these,
+            tools=tools,
+            add_generation_prompt=fields.ends_with_generation_prompt,
+            continue_final_message=fields.continue_final_message,
+        )
+
+    later = _later_system(written)
+    if not later:
+        return rendered(written)
+    try:
+        prompt = rendered(written)
+        if all(message["content"].strip() in prompt.text for message in later):
+            return prompt
+    except ApiError:
+        pass
+    return rendered(_system_first(written))
 
 
 def template_messages(
@@ -38,7 +57,7 @@ def template_messages(
     """``messages`` as the template takes them: as they are for a template with its
     ``own_tools`` syntax, else in the generic format with the tools offered in a system
     message."""
-    written = _system_first([_message(message, own_tools) for message in messages])
+    written = [_message(message, own_tools) for message in messages]
     if own_tools or not fields.calls_tools:
         return written
     offer = tool_calls.tools_prompt(fields.tools, fields.tool_choice or "auto")
@@ -66,14 +85,21 @@ def _message(message: ChatMessage, own_tools: bool) -> TemplateMessage:
     return templated
 
 
+def _lead(messages: list[TemplateMessage]) -> int:
+    """How many system messages open ``messages``."""
+    return next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+
+
+def _later_system(messages: list[TemplateMessage]) -> list[TemplateMessage]:
+    return [m for m in messages[_lead(messages) :] if m["role"] == "system"]
+
+
 def _system_first(messages: list[TemplateMessage]) -> list[TemplateMessage]:
     """``messages`` with every system message after the first other one moved into the
-    system prompt (after its text, in order): agents put system messages anywhere in a
-    conversation, and many templates refuse one that is not first."""
-    lead = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
-    later = [m for m in messages[lead:] if m["role"] == "system"]
-    if not later:
-        return messages
+    system prompt (after its text and the tools offered there, in order): for a template
+    that refuses a system message anywhere else."""
+    lead = _lead(messages)
+    later = _later_system(messages)
     head = "\n\n".join(m["content"] for m in [*messages[:lead], *later])
     rest = [m for m in messages[lead:] if m["role"] != "system"]
     return [{"role": "system", "content": head}, *rest]

@@ -233,3 +233,62 @@ async def test_a_tool_that_spells_a_control_token_is_a_400_naming_tools(
         await tokenizer.tokenize_chat(prompt)
     assert (info.value.status, info.value.param) == (400, "tools")
     assert await tokenizer.tokenize_chat(template.render([msg("user", "Hi")], tools=[WEATHER]))
+
+
+# Refuses a system message that is not first, as many templates do.
+SYSTEM_FIRST_ONLY = (
+    "{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"
+    "{{ raise_exception('System message must be first') }}{% endif %}<|im_start|>"
+    "{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+)
+# Drops every system message but the first, as some templates do.
+FIRST_SYSTEM_ONLY = (
+    "{% for m in messages %}{% if m['role'] != 'system' or loop.first %}<|im_start|>"
+    "{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _agent_turns(later_system: bool) -> list[dict[str, Any]]:
+    """An agent's conversation: its system prompt, the task, (an environment system message
+    after the first turn, as Claude Code sends), a call and its result."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the bug."},
+    ]
+    if later_system:
+        messages.append({"role": "system", "content": "Working directory: /src/a"})
+    call = {"id": "a1b2c3d4e", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}  # fmt: skip
+    return [*messages, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "a1b2c3d4e", "content": "Sunny"}]  # fmt: skip
+
+
+def _rendered(source: str, messages: list[dict[str, Any]]) -> str:
+    body = {"model": "m", "messages": messages, "tools": [WEATHER]}
+    request = parse_body(json.dumps(body), ChatCompletionRequest)
+    return conversation.render(ChatTemplate(source), request, request.messages).text
+
+
+def test_a_later_system_message_stays_in_place_where_the_template_renders_it() -> None:
+    # The prompt up to the system message is the one without it: a prefix the cache holds,
+    # the tools offered in the system prompt included.
+    with_it = _rendered(CHATML, _agent_turns(later_system=True))
+    without = _rendered(CHATML, _agent_turns(later_system=False))
+    turn = without.index("<|im_start|>assistant")
+    assert with_it[:turn] == without[:turn]
+    assert "get_weather" in with_it[: with_it.index("Fix the bug.")]
+    assert with_it[turn:].startswith("<|im_start|>system\nWorking directory: /src/a<|im_end|>")
+
+
+@pytest.mark.parametrize(
+    "source", [SYSTEM_FIRST_ONLY, FIRST_SYSTEM_ONLY], ids=["refused", "dropped"]
+)
+def test_a_later_system_message_a_template_refuses_or_drops_joins_the_system_prompt(
+    source: str,
+) -> None:
+    prompt = _rendered(source, _agent_turns(later_system=True))
+    assert "Working directory: /src/a" in prompt
+    # After the system prompt and the tools offered there, before the first turn.
+    assert prompt.index("get_weather") < prompt.index("Working directory: /src/a")
+    assert prompt.index("Working directory: /src/a") < prompt.index("Fix the bug.")
