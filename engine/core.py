@@ -188,7 +188,9 @@ class EngineCore:
         s = self.scheduler
         total, used, kept = self.kv.blocks(s.running)
         waiting = len(s.policy)
-        return Load(s.tick, waiting, len(s.running), total, used, kept, s.drain.rate(s.running))
+        embed_waiting = self.embeddings.queue.waiting()
+        rate = s.drain.rate(s.running)
+        return Load(s.tick, waiting, len(s.running), total, used, kept, rate, embed_waiting)
 
     def slots(self) -> list[Sequence | None]:
         """Each slot's request, or None: for the dashboard's feed."""

@@ -328,4 +328,5 @@ class EngineProcess:
             blocks_cached=load.blocks_cached,
             drain_rate=load.drain_rate,
             ticks=load.tick,
+            embed_waiting=load.embed_waiting,
         )

@@ -85,6 +85,7 @@ class Load:
     blocks_used: int  # of them, those running requests fill
     blocks_cached: int  # those free slots keep of their last request
     drain_rate: float  # requests leaving per second of work (engine/drain.py)
+    embed_waiting: int = 0  # embedding requests queued, not yet in a part
 
 
 @dataclass(slots=True)

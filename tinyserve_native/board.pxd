@@ -39,6 +39,7 @@ ctypedef struct engine_stats:
     uint32_t blocks_cached
     double drain_rate  # requests finished per second, recent
     uint64_t ticks
+    uint32_t embed_waiting  # embedding requests queued (not yet in a part)
 
 
 # 128 bytes, so that the slots after it start 64-byte aligned (one cache line each).
@@ -51,7 +52,7 @@ ctypedef struct board_header:
     uint64_t heartbeat_ns  # monotonic clock; a single atomic field outside the seqlock
     uint64_t seq  # seqlock: odd while the engine writes the fields under it
     engine_stats stats
-    uint8_t reserved[40]
+    uint8_t reserved[32]
 
 
 # 64 bytes; one writer each: the frontend that claimed it.

@@ -22,9 +22,9 @@ Layout (little-endian, offsets in bytes; bump ``LAYOUT_VERSION`` on any change):
 header (``HEADER_SIZE`` = 128): magic u64 @0, version u32 @8, n_frontend_slots u32 @12,
 engine_pid i64 @16, engine_started_ns u64 @24, heartbeat_ns u64 @32, seqlock u64 @40,
 state, running, waiting, blocks_total, blocks_used, blocks_cached u32 @48..68, drain_rate
-f64 @72, ticks u64 @80, reserved to 128; then ``n_frontend_slots`` slots (``SLOT_SIZE`` =
-64): pid i64 @0, heartbeat_ns u64 @8, pending_requests u32 @16, frontend_id char[32]
-(NUL-terminated UTF-8) @20, reserved to 64.
+f64 @72, ticks u64 @80, embed_waiting u32 @88, reserved to 128; then ``n_frontend_slots``
+slots (``SLOT_SIZE`` = 64): pid i64 @0, heartbeat_ns u64 @8, pending_requests u32 @16,
+frontend_id char[32] (NUL-terminated UTF-8) @20, reserved to 64.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class EngineSnapshot(NamedTuple):
     blocks_cached: int
     drain_rate: float  # requests finished per second, recent
     ticks: int
+    embed_waiting: int  # embedding requests queued, not yet in a part
 
 class FrontendSlot(NamedTuple):
     """A frontend slot in use."""
@@ -120,6 +121,7 @@ class Board:
         blocks_cached: int,
         drain_rate: float,
         ticks: int,
+        embed_waiting: int = 0,
     ) -> None:
         """Engine: replace the stats group in one seqlocked write. Counts are u32, ``ticks``
         u64 (``OverflowError`` outside); ``BoardError`` if another writer is mid-write.

@@ -19,7 +19,7 @@ cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
 MAGIC = 0x314452414F425354  # b"TSBOARD1" read as a little-endian u64
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 HEADER_SIZE = sizeof(board_header)
 SLOT_SIZE = sizeof(board_slot)
 FRONTEND_ID_MAX = FRONTEND_ID_BYTES - 1
@@ -39,7 +39,7 @@ class BoardError(Exception):
 EngineSnapshot = NamedTuple("EngineSnapshot", [
     ("pid", int), ("started_ns", int), ("heartbeat_ns", int), ("state", int),
     ("running", int), ("waiting", int), ("blocks_total", int), ("blocks_used", int),
-    ("blocks_cached", int), ("drain_rate", float), ("ticks", int),
+    ("blocks_cached", int), ("drain_rate", float), ("ticks", int), ("embed_waiting", int),
 ])
 EngineSnapshot.__doc__ = "One consistent reading of the engine's part of the board."
 # NOTE: the functional form guesses the module from the caller's frame, which a compiled
@@ -221,6 +221,7 @@ cdef class Board:
         uint32_t blocks_cached,
         double drain_rate,
         uint64_t ticks,
+        uint32_t embed_waiting=0,
     ) -> None:
         """Engine: replace the stats group in one seqlock write."""
         cdef engine_stats *s = &self._header().stats
@@ -233,6 +234,7 @@ cdef class Board:
         tsb_store_u32(&s.blocks_cached, blocks_cached)
         tsb_store_f64(&s.drain_rate, drain_rate)
         tsb_store_u64(&s.ticks, ticks)
+        tsb_store_u32(&s.embed_waiting, embed_waiting)
         self._write_end()
 
     def snapshot(self):
@@ -244,7 +246,7 @@ cdef class Board:
         return EngineSnapshot(
             pid, started, tsb_load_u64_acquire(&self._h.heartbeat_ns), s.state,
             s.running, s.waiting, s.blocks_total, s.blocks_used, s.blocks_cached,
-            s.drain_rate, s.ticks,
+            s.drain_rate, s.ticks, s.embed_waiting,
         )
 
     def claim_slot(self, str frontend_id not None, int64_t pid, uint64_t now_ns) -> int:
@@ -366,6 +368,7 @@ cdef class Board:
                 out.blocks_cached = tsb_load_u32(&h.stats.blocks_cached)
                 out.drain_rate = tsb_load_f64(&h.stats.drain_rate)
                 out.ticks = tsb_load_u64(&h.stats.ticks)
+                out.embed_waiting = tsb_load_u32(&h.stats.embed_waiting)
                 # NOTE: the fence keeps the loads above from sinking below the re-read of
                 # seq; with it, an unchanged even seq proves no write overlapped them.
                 tsb_fence_acquire()

@@ -33,6 +33,7 @@ from tinyserve.frontend.models.errors import (
 from tinyserve.frontend.models.parse import read_body
 from tinyserve.frontend.request import admission
 from tinyserve.frontend.request.generation import check_token_ids
+from tinyserve.frontend.request.pipeline import STAGE
 from tinyserve.frontend.request.record import new_request_id
 from tinyserve.frontend.request.state import CLIENT, CONFIG, EMBED_TOKENIZER, LINK, METRICS
 from tinyserve.logs import fields
@@ -62,6 +63,7 @@ async def embeddings(request: web.Request) -> web.Response:
         )
         raise invalid(message, "dimensions")
     inputs = await _token_ids(request, req)
+    _admit(request)
     request_id = new_request_id()
     embed = protocol.Embed(
         request_id, app[CLIENT].frontend_id, inputs, time.monotonic_ns(), req.priority, req.tenant
@@ -120,6 +122,19 @@ async def _token_ids(request: web.Request, req: EmbeddingsRequest) -> list[list[
             )
             raise ApiError(400, CONTEXT_LENGTH_EXCEEDED, message, param=param(i))
     return inputs
+
+
+def _admit(request: web.Request) -> None:
+    """The board's word: a 503 when the node's embedding queue is full or the engine drains
+    (the engine re-checks: frontends racing each other are refused there)."""
+    link = request.app[LINK]
+    limits, load = link.limits, link.load()
+    if limits is None or load is None:
+        raise admission.no_engine()
+    refusal = admission.admit_embedding(limits, load)
+    if refusal is not None:
+        request.app[METRICS].admission_rejections_total.labels(STAGE, refusal.label).inc()
+        raise refusal
 
 
 def _refusal(request: web.Request, embedded: protocol.Embedded) -> ApiError | None:

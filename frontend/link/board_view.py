@@ -36,6 +36,7 @@ class NodeLoad:
     drain_rate: float  # requests leaving the engine per second of work (engine/drain.py)
     pending_requests: int = 0
     draining: bool = False
+    embed_waiting: int = 0  # embedding requests queued in the engine
 
 
 # Stand-in when the board cannot be read: nothing known to be queued, no drain rate.
@@ -102,6 +103,7 @@ def load_of(board: Board) -> NodeLoad:
         drain_rate=snap.drain_rate,
         pending_requests=board.pending_requests(),
         draining=snap.state == protocol.STATE_DRAINING,
+        embed_waiting=snap.embed_waiting,
     )
 
 

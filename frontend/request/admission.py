@@ -129,6 +129,19 @@ def admit(
     )
 
 
+def admit_embedding(limits: Limits, load: NodeLoad) -> NotNow | None:
+    """``None`` when an embedding request may be sent to the engine, else its 503: the engine
+    drains, or ``max_queue`` embedding requests already wait for their first part (a queue of
+    their own: they take no slot, and wait only behind each other). Its ``Retry-After`` is
+    the unknown rate's: the engine publishes no drain rate of embedding requests."""
+    if load.draining:
+        return engine_draining(load)
+    if not capacity.queue_full(load.embed_waiting, 0, limits.max_queue):
+        return None
+    message = f"{load.embed_waiting} embedding requests are queued (limit {limits.max_queue})"
+    return NotNow(protocol.REJECT_QUEUE_FULL, message, RETRY_UNKNOWN_S)
+
+
 def fitted_max_tokens(prompt_tokens: int, max_tokens: int, n_ctx: int, limit: int) -> int:
     """``max_tokens`` as served: at most ``limit`` (``--max-tokens-limit``) and what a slot's
     ``n_ctx`` cells leave after the prompt (at least 1: a prompt that leaves none never fits)."""

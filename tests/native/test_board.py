@@ -34,6 +34,7 @@ STATS = dict(
     blocks_cached=100,
     drain_rate=2.5,
     ticks=2**40,
+    embed_waiting=5,
 )
 
 
@@ -62,7 +63,7 @@ def test_create_writes_a_private_zeroed_board(engine: Board, path: str) -> None:
     assert st.st_size == HEADER_SIZE + 4 * SLOT_SIZE == 128 + 4 * 64
     with open(path, "rb") as f:
         assert f.read(8) == b"TSBOARD1"
-    assert engine.snapshot() == (0,) * 9 + (0.0, 0)
+    assert engine.snapshot() == (0,) * 9 + (0.0, 0, 0)
     assert engine.frontend_slots() == []
     assert engine.n_frontend_slots == 4
     assert os.listdir(os.path.dirname(path)) == ["board"]  # no temp file left behind
@@ -84,7 +85,7 @@ def test_fields_sit_at_their_documented_offsets(engine: Board, path: str) -> Non
         12,
         4,
     )
-    assert struct.unpack_from("<6IdQ", raw, 48) == (1, 3, 2, 1000, 600, 100, 2.5, 2**40)
+    assert struct.unpack_from("<6IdQI", raw, 48) == (1, 3, 2, 1000, 600, 100, 2.5, 2**40, 5)
     slot = HEADER_SIZE + index * SLOT_SIZE
     assert struct.unpack_from("<qQI32s", raw, slot) == (
         77,

@@ -100,3 +100,14 @@ async def test_dimensions_other_than_the_models_are_a_400(served: Client) -> Non
     error = (await bad.json())["error"]
     assert (bad.status, error["param"]) == (400, "dimensions")
     assert str(EMBEDDING_SIZE) in error["message"]
+
+
+async def test_a_full_embedding_queue_on_the_board_is_a_503_without_a_round_trip(
+    served: Client, engine: FakeEngine
+) -> None:
+    engine.publish_load(embed_waiting=served.app[LINK].limits.max_queue)
+    resp = await served.post("/v1/embeddings", json={"input": "x"})
+    assert resp.status == 503
+    assert int(resp.headers["Retry-After"]) >= 1
+    assert (await resp.json())["error"]["code"] == protocol.REJECT_QUEUE_FULL
+    assert engine.embeds == []  # refused from the board: the engine never saw it

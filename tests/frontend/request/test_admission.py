@@ -14,6 +14,7 @@ from tinyserve.frontend.request.admission import (
     RETRY_MIN_S,
     RETRY_UNKNOWN_S,
     admit,
+    admit_embedding,
     engine_refusal,
     fitted_max_tokens,
     retry_after_s,
@@ -160,3 +161,18 @@ def test_admitted_requests_fit(
 def test_retry_after_is_monotonic_in_queue(rate: float) -> None:
     values = [retry_after_s(n, rate) for n in range(0, 200)]
     assert values == sorted(values)
+
+
+def test_embedding_requests_are_bounded_by_their_own_queue() -> None:
+    """Generation requests waiting do not count against embedding ones, nor the other way."""
+    assert admit_embedding(LIMITS, load(waiting=50, embed_waiting=7)) is None
+    refusal = admit_embedding(LIMITS, load(embed_waiting=8))
+    assert refusal is not None
+    assert (refusal.status, refusal.label, refusal.retry_after) == (
+        503,
+        protocol.REJECT_QUEUE_FULL,
+        RETRY_UNKNOWN_S,
+    )
+    assert admit(10, 6, LIMITS, load(embed_waiting=100)) is None
+    draining = admit_embedding(LIMITS, load(draining=True))
+    assert draining is not None and draining.label == protocol.REJECT_DRAINING
