@@ -220,3 +220,34 @@ def test_embeddings_and_a_stream_run_side_by_side(node: Node, client: openai.Ope
     assert [d["index"] for d in data] == list(range(80))
     # the same text, the same vector, whichever batch it fell in
     assert cosine(data[0]["embedding"], data[4]["embedding"]) > 1 - 1e-6
+
+
+def test_an_embedding_request_has_a_timeline(node: Node) -> None:
+    """Queued, taken by the policy, a part per tick, done: GET /v1/requests/{id} shows it as
+    it shows a generation's, its parts adding up to its tokens."""
+
+    async def run() -> tuple[dict[str, object], dict[str, object]]:
+        async with aiohttp.ClientSession() as session:
+            url = f"{node.url}/v1/embeddings"
+            body = {"input": TEXTS * 5, "tenant": "indexer"}
+            async with session.post(url, json=body) as resp:
+                assert resp.status == 200
+                reply, request_id = await resp.json(), resp.headers["X-Request-Id"]
+            async with session.get(f"{node.url}/v1/requests/{request_id}") as resp:
+                assert resp.status == 200
+                return reply, await resp.json()
+
+    reply, timeline = asyncio.run(run())
+    usage = reply["usage"]
+    assert isinstance(usage, dict)
+    assert (timeline["status"], timeline["tenant"]) == ("finished", "indexer")
+    parts = timeline["prefill"]
+    assert isinstance(parts, list) and parts
+    assert sum(part["tokens"] for part in parts) == usage["prompt_tokens"]
+    assert all(part["tokens"] <= MAX_TOKENS for part in parts)
+    ticks = [part["tick"] for part in parts]
+    assert ticks == sorted(set(ticks))  # one entry per tick, in order
+    queue, finish = timeline["queue"], timeline["finish"]
+    assert isinstance(queue, dict) and isinstance(finish, dict)
+    assert queue["rule"].startswith("tenant=indexer")  # the default policy, wfq
+    assert finish["reason"] == "stop"
