@@ -299,7 +299,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "embedding_tick_tokens",
         _pint,
-        16,
+        12,
         "most /v1/embeddings tokens one tick runs while generation requests wait or run: "
         "what a stream's gap between two tokens grows by at most",
         _ENG,
@@ -307,7 +307,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "embedding_share",
         _share,
-        0.6,
+        0.7,
         "share of the engine's time /v1/embeddings gets while generation requests wait or run "
         "(1: a part every tick)",
         _ENG,
