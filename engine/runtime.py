@@ -34,6 +34,13 @@ _PIECE_BUF = 256  # bytes; grown when a token's text is longer
 # llama.cpp pads each stream's cells to a multiple of this (src/llama-context.cpp:
 # ``n_ctx_seq = GGML_PAD(n_ctx / n_seq_max, 256)``).
 KV_STREAM_PAD = 256
+# --kv-type: ggml's type and the bytes of 32 elements (a q8_0 block is 32 int8 and an f16
+# scale, a q4_0 block 16 bytes of nibbles and the scale).
+KV_TYPES = {
+    "f16": (llama_cpp.GGML_TYPE_F16, 64),
+    "q8_0": (llama_cpp.GGML_TYPE_Q8_0, 34),
+    "q4_0": (llama_cpp.GGML_TYPE_Q4_0, 18),
+}
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,7 @@ class RuntimeSpec:
     n_threads: int
     repack: str = "auto"  # llama.cpp's weight repacking: "on", "off", or off where the CPU has AMX
     gpu: GpuSpec = field(default_factory=GpuSpec)
+    kv_type: str = "f16"  # the cells' type: f16, q8_0 or q4_0
 
     @classmethod
     def from_config(cls, config: Config, model: str | None = None) -> RuntimeSpec:
@@ -60,6 +68,7 @@ class RuntimeSpec:
             config.engine_threads,
             config.repack,
             GpuSpec.from_config(config),
+            config.kv_type,
         )
 
 
@@ -118,9 +127,10 @@ class LlamaRuntime:
         self._piece = ctypes.create_string_buffer(_PIECE_BUF)
         self._state: npt.NDArray[np.uint8] = np.empty(0, np.uint8)  # save_seq's, reused
         log.info(
-            "model loaded: %s (KV cache: %s; n_batch=%d, threads=%d, gpu_layers=%s)",
+            "model loaded: %s (KV cache: %s of %s; n_batch=%d, threads=%d, gpu_layers=%s)",
             spec.model_path.name,
             self.kv,
+            spec.kv_type,
             n_batch,
             spec.n_threads,
             "all" if spec.gpu.layers < 0 else spec.gpu.layers,
@@ -142,13 +152,14 @@ class LlamaRuntime:
         return kv
 
     def _cell_bytes(self) -> int:
-        """K and V bytes of one token in all layers (f16, llama.cpp's default cache type)."""
+        """K and V bytes of one token in all layers, in the cells' type."""
         arch = self._meta("general.architecture")
         heads = int(llama_cpp.llama_model_n_head(self.model))
         default = int(llama_cpp.llama_model_n_embd(self.model)) // max(heads, 1)
         k = int(self._meta(f"{arch}.attention.key_length") or default)
         v = int(self._meta(f"{arch}.attention.value_length") or default)
-        return self.n_layer * int(llama_cpp.llama_model_n_head_kv(self.model)) * (k + v) * 2
+        elements = self.n_layer * int(llama_cpp.llama_model_n_head_kv(self.model)) * (k + v)
+        return elements * KV_TYPES[self.spec.kv_type][1] // 32
 
     def _meta(self, key: str) -> str:
         buf = ctypes.create_string_buffer(256)
@@ -167,6 +178,10 @@ class LlamaRuntime:
         params.n_threads = spec.n_threads
         params.n_threads_batch = spec.n_threads
         params.no_perf = True
+        kv_type = KV_TYPES[spec.kv_type][0]
+        params.type_k = params.type_v = kv_type
+        if spec.kv_type != "f16":  # llama.cpp keeps a quantized V only with flash attention
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         # What the KV bytes' layout depends on (cache_store keys saved KV by it).
         self.kv_types = {
             "type_k": int(params.type_k),

@@ -46,6 +46,7 @@ class Config:
     draft_model: str | None
     block_size: int
     threads: int
+    kv_type: str
     repack: str
     gpu_layers: int
     main_gpu: int

@@ -225,6 +225,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("block_size", _pint, 16, "tokens per KV accounting block", _ENG),
     Option("threads", _nnint, 0, "llama.cpp threads (0: the CPUs this process may use)", _ENG),
     Option(
+        "kv_type",
+        str,
+        "f16",
+        "the KV cache's cell type (llama-server's --cache-type-k/-v): q8_0 holds about twice "
+        "the tokens of f16 in the same memory, q4_0 about 3.5 times; quantized types turn "
+        "flash attention on",
+        _ENG,
+        ("f16", "q8_0", "q4_0"),
+    ),
+    Option(
         "repack",
         str,
         "auto",

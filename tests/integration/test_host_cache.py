@@ -48,9 +48,13 @@ def start(workdir: Path, *flags: str) -> Node:
 
 
 @pytest.fixture(scope="module")
-def cold_turn2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, Any]]]:
-    """What a node that never stopped answers: turn 1, then turn 2 from its slot's cells."""
-    node = start(tmp_path_factory.mktemp("never_stopped"))
+def cold_turn2(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """What a node that never stopped answers: turn 1, then turn 2 from its slot's cells; its
+    cells of the type ``request.param`` names (f16 unless a test says)."""
+    kv_type = getattr(request, "param", "f16")
+    node = start(tmp_path_factory.mktemp(f"never_stopped_{kv_type}"), "--kv-type", kv_type)
     try:
         first = asyncio.run(ask(node.url, greedy(TURN1)))
         turn2 = TURN1 + first["text"] + TURN2_USER
@@ -61,14 +65,16 @@ def cold_turn2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
         assert node.stop() == 0
 
 
+@pytest.mark.parametrize("cold_turn2", ["f16", "q8_0"], indirect=True)
 async def test_a_conversation_its_slot_forgot_comes_back_from_host_memory(
-    tmp_path: Path, cold_turn2: tuple[str, dict[str, Any]]
+    tmp_path: Path, cold_turn2: tuple[str, dict[str, Any]], request: pytest.FixtureRequest
 ) -> None:
     """The one slot serves other conversations between its turns; the next turn gets its
     history back from host memory: as many tokens as the slot would have kept, and the same
-    text."""
+    text. Quantized cells (``--kv-type q8_0``) are cut into blocks and joined back as f16's."""
     turn2, expected = cold_turn2
-    node = start(tmp_path)
+    kv_type = request.node.callspec.params["cold_turn2"]
+    node = start(tmp_path, "--kv-type", kv_type)
     try:
         first = await ask(node.url, greedy(TURN1))
         for i in range(3):
@@ -89,6 +95,7 @@ async def test_a_conversation_its_slot_forgot_comes_back_from_host_memory(
             if line.startswith('tinyserve_prefix_cache_hit_tokens_total{tier="host"}')
         ]
         assert hit and float(hit[0].split()[-1]) >= restore["tokens"], hit
+        assert f"MiB of {kv_type};" in node.log()
     finally:
         assert node.stop() == 0
 
