@@ -24,6 +24,7 @@ from tinyserve.timeline_records import (
     Finished,
     GrammarWire,
     PrefillChunk,
+    PromptFromWire,
     QueueWire,
     RestoreWire,
     SharedPrefillWire,
@@ -176,6 +177,7 @@ class Timeline:
             "queue": self._queue_wire(),
             "slot": self.slot.wire(arrival) if self.slot else None,
             "prefix_reused_tokens": self.prefix_tokens,
+            "prompt_from": self._prompt_from(),
             "prefill": [chunk.wire(arrival) for chunk in self.chunks],
             "first_token_ms": self.since_arrival(self.first_token_ns)
             if self.first_token_ns
@@ -194,6 +196,17 @@ class Timeline:
                 "steps": self.guesses,
             }
         return wire
+
+    def _prompt_from(self) -> PromptFromWire:
+        tier = self.restore["tier"] if self.restore is not None else "slot"
+        reused = self.prefix_tokens
+        return {
+            "slot": reused if tier == "slot" else 0,
+            "host": reused if tier == "host" else 0,
+            "disk": reused if tier == "disk" else 0,
+            "leader": self.shared_prefill["tokens"] if self.shared_prefill else 0,
+            "computed": sum(chunk.tokens for chunk in self.chunks),
+        }
 
     def _status(self) -> str:
         if self.finish is not None:

@@ -91,6 +91,17 @@ class RestoreWire(TypedDict):
     ms: float
 
 
+class PromptFromWire(TypedDict):
+    """Where the prompt's tokens came from: the tiers of the prefix cache, another choice's
+    prefill (n > 1), or computed by this request's own prefill chunks."""
+
+    slot: int  # kept in the granted slot by its last request: nothing copied
+    host: int  # written into the slot from the prefix cache in host memory
+    disk: int  # the same, from blocks read from --cache-dir at start
+    leader: int  # copied from the choice that prefilled them
+    computed: int  # prefilled by this request (positions recomputed for logprobs included)
+
+
 class SpeculationWire(TypedDict):
     """Tokens guessed from the request's own text (``--speculate``): totals, and each decode
     step that carried a guess as ``[tick, guessed, accepted]``."""
@@ -113,6 +124,7 @@ class TimelineWire(TypedDict):
     queue: QueueWire | None
     slot: SlotWire | None
     prefix_reused_tokens: int
+    prompt_from: PromptFromWire
     prefill: list[ChunkWire]
     first_token_ms: float | None
     decode: DecodeWire

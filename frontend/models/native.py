@@ -68,6 +68,7 @@ class RequestTimeline(BaseModel):
     queue: dict[str, Any] | None = None
     slot: dict[str, Any] | None = None
     prefix_reused_tokens: int | None = None
+    prompt_from: dict[str, int] | None = None
     prefill: list[dict[str, Any]] | None = None
     first_token_ms: float | None = None
     decode: dict[str, Any] | None = None

@@ -111,6 +111,8 @@ def log_fields(record: RequestRecord, code: int | None) -> dict[str, Any]:
         "error": record.error,
         "prompt_tokens": record.prompt_tokens,
         "cached_tokens": finish.cached_tokens if finish is not None else 0,
+        # where the prompt came from: slot, host or disk tokens, and those computed
+        **((timeline or {}).get("prompt_from") or {}),
         "generated_tokens": record.generated,
         "queue_ms": slot_ms(timeline),  # arrival to slot grant, from the engine's timeline
         "ttft_ms": round(ttft / 1e6, 3) if ttft is not None else None,

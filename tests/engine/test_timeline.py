@@ -222,6 +222,8 @@ def test_the_wire_form_keeps_its_shape() -> None:
         },
         "slot": {"index": 0, "tick": 6, "ms": 10.0},
         "prefix_reused_tokens": 12,
+        # 12 written from host memory, 4 + 14 prefilled by its chunks
+        "prompt_from": {"slot": 0, "host": 12, "disk": 0, "leader": 0, "computed": 18},
         "prefill": [
             {"tick": 6, "tokens": 4, "ms": 20.0, "end_ms": 30.0, "decode_ms": 7.0},
             {"tick": 7, "tokens": 14, "ms": 15.0, "end_ms": 45.0, "decode_ms": 9.0},

@@ -154,6 +154,7 @@ async def click_a_bar(browser: Browser, ids: set[str]) -> None:
     assert shown == box["id"]
     text = await browser.evaluate("document.getElementById('timeline').textContent")
     assert "why it waited" in text and "cache gave it" in text
+    assert "prompt from" in text and "computed" in text
     assert f'"request_id": "{box["id"]}"' in text  # the route's JSON, shown in full
 
 

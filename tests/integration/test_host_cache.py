@@ -85,6 +85,10 @@ async def test_a_conversation_its_slot_forgot_comes_back_from_host_memory(
         assert restore is not None, second["timeline"]
         assert restore["tier"] == "host"
         assert restore["tokens"] == second["usage"]["cached_tokens"]
+        usage = second["usage"]
+        assert second["timeline"]["prompt_from"] == {
+            "slot": 0, "host": restore["tokens"], "disk": 0, "leader": 0,
+            "computed": usage["prompt_tokens"] - usage["cached_tokens"]}  # fmt: skip
         assert second["usage"]["cached_tokens"] == expected["usage"]["cached_tokens"]
         assert second["text"] == expected["text"]
         async with aiohttp.ClientSession() as s, s.get(node.url + "/metrics") as resp:

@@ -344,6 +344,13 @@ async function showRequest(id) {
   return body;
 }
 
+// "slot 120, host 2048, computed 312": where a prompt's tokens came from, the empty tiers left out.
+function promptFrom(sources) {
+  if (!sources) return "–";
+  const parts = Object.entries(sources).filter(([, n]) => n > 0).map(([k, n]) => `${k} ${n}`);
+  return parts.join(", ") || "–";
+}
+
 function timelineView(t) {
   const q = t.queue || {};
   const fin = t.finish || {};
@@ -355,6 +362,7 @@ function timelineView(t) {
     ["why it waited", `policy ${q.policy || "–"}, rule ${q.rule || "–"}, ${q.ahead ?? "–"} granted a slot ahead of it`],
     ["slot", t.slot ? `${t.slot.index} at ${t.slot.ms} ms` : "–"],
     ["cache gave it", `${t.prefix_reused_tokens} of ${t.prompt_tokens} prompt tokens`],
+    ["prompt from", promptFrom(t.prompt_from)],
     ["prefill chunks", prefill || "–"],
     ["first token", t.first_token_ms === null ? "–" : `${t.first_token_ms} ms`],
     ["finish", fin.reason ? `${fin.reason} at ${fin.ms} ms, ${fin.generated_tokens} tokens` : "–"],

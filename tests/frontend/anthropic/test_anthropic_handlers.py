@@ -311,9 +311,10 @@ async def test_what_claude_code_sends_is_served_and_what_is_ignored_is_said(
     )
     prompt = await served.app[TOKENIZER].detokenize(submit.prompt_ids)
     assert "billing-header" not in prompt and "The user wants a file." not in prompt
-    # The system message from the middle of the conversation is in the system prompt.
-    assert prompt.index("You are a Claude agent.") < prompt.index("Available agent types")
-    assert prompt.index("Available agent types") < prompt.index("Read hello.py")
+    # The system message from the middle of the conversation stays there (the template
+    # renders it): what comes before it is the prompt every turn starts with.
+    assert prompt.index("You are a Claude agent.") < prompt.index("Read hello.py")
+    assert prompt.index("Read hello.py") < prompt.index("Available agent types")
     assert "print('hi')" in prompt and "web_search" not in prompt
     assert stream[0][1]["message"]["model"] == "fake"  # the model that served it
 
