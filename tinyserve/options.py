@@ -309,7 +309,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "embedding_tick_tokens",
         _pint,
-        12,
+        24,
         "most /v1/embeddings tokens one tick runs while generation requests wait or run: "
         "what a stream's gap between two tokens grows by at most",
         _ENG,

@@ -30,20 +30,21 @@ def test_parts_come_as_often_as_the_share_says() -> None:
     # a part takes 4 generation ticks' time: at a half share, one tick in four carries one
     # (4 ticks of 10 ms, one part of 40 ms)
     assert ticks_with_parts(EmbedShare(0.5, 16, 512), 12, 10 * MS, 40 * MS) == "E...E...E..."
-    # at 0.8 a part is earned by each generation tick
-    assert ticks_with_parts(EmbedShare(0.8, 16, 512), 6, 10 * MS, 40 * MS) == "EEEEEE"
+    # at 0.8 a part is earned by each generation tick, but two ticks without one follow
+    # each: a stream's median gap carries none
+    assert ticks_with_parts(EmbedShare(0.8, 16, 512), 9, 10 * MS, 40 * MS) == "E..E..E.."
     # at 1 every tick runs a part, however long
     assert ticks_with_parts(EmbedShare(1.0, 16, 512), 4, 10 * MS, 400 * MS) == "EEEE"
 
 
 def test_time_is_not_saved_up() -> None:
     share = EmbedShare(0.5, 16, 512)
-    assert ticks_with_parts(share, 3, 10 * MS, 40 * MS) == "E.."
+    assert ticks_with_parts(share, 3, 10 * MS, 40 * MS) == "E.."  # owes 30 ms now
     share.idle()  # no embedding waits: the debt is forgiven, and nothing is earned
-    assert ticks_with_parts(share, 6, 10 * MS, 20 * MS) == "E.E.E."
-    # a tick that earned more than its part spent keeps one tick's earning at most
+    assert ticks_with_parts(share, 6, 10 * MS, 30 * MS) == "E..E.."
+    # ticks that earned more than parts spent keep one tick's earning at most
     share = EmbedShare(0.5, 16, 512)
-    assert ticks_with_parts(share, 4, 100 * MS, 1 * MS) == "EEEE"
+    assert ticks_with_parts(share, 4, 100 * MS, 1 * MS) == "E..E"
     assert share.owed_ns == 100 * MS
 
 
