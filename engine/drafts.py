@@ -83,6 +83,7 @@ class TickDrafts:
         detail: str = "",
         cached_tokens: int = 0,
         timeline: dict[str, Any] | None = None,
+        stop_string: str = "",
     ) -> None:
         """The request's final update (what its frontend reads)."""
         end = RequestUpdate(
@@ -93,6 +94,7 @@ class TickDrafts:
             prompt_tokens=len(request.prompt_ids),
             cached_tokens=cached_tokens,
             timeline=timeline,
+            stop_string=stop_string,
         )
         self._add(request, end)
 

@@ -300,7 +300,8 @@ class Scheduler:
         self.drafts.text(seq.request, seq.stops.flush())
         # Cached tokens are the ones its slot reused; a request that never got one reused none.
         cached = seq.timeline.prefix_tokens
-        self.drafts.finish(seq.request, reason, detail, cached, timeline)
+        matched = seq.stops.matched or ""
+        self.drafts.finish(seq.request, reason, detail, cached, timeline, matched)
         self.drafts.ended(Ended(reason, cause, seq.prompt_len, cached, seq.timeline))
         self.drain.finished()
 

@@ -9,22 +9,28 @@ from __future__ import annotations
 
 
 class StopMatcher:
-    """Feed each token's bytes; get back what is safe to show and whether a stop matched."""
+    """Feed each token's bytes; get back what is safe to show and which stop matched."""
 
     def __init__(self, stops: list[str]) -> None:
-        self._stops = [s.encode("utf-8") for s in stops if s]
+        self._stops = [(s.encode("utf-8"), s) for s in stops if s]
         self._pending = b""
-        self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the output
+
+    @property
+    def stopped(self) -> bool:
+        return self.matched is not None
 
     def feed(self, piece: bytes) -> bytes:
-        """Add ``piece``; return the bytes now safe to emit. Sets ``stopped`` on a match."""
+        """Add ``piece``; return the bytes now safe to emit. Sets ``matched`` on a match: the
+        stop that starts first (of two starting there, the first given)."""
         if not self._stops:
             return piece
         buf = self._pending + piece
-        cut = min((i for i in (buf.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(at, i) for i, (s, _) in enumerate(self._stops) if (at := buf.find(s)) >= 0]
+        if found:
+            cut, first = min(found)
             self._pending = b""
-            self.stopped = True
+            self.matched = self._stops[first][1]
             return buf[:cut]
         hold = self._held_suffix(buf)
         self._pending = buf[len(buf) - hold :]
@@ -36,9 +42,9 @@ class StopMatcher:
         return rest
 
     def _held_suffix(self, buf: bytes) -> int:
-        longest = max(len(s) for s in self._stops) - 1
+        longest = max(len(s) for s, _ in self._stops) - 1
         for k in range(min(len(buf), longest), 0, -1):
             tail = buf[-k:]
-            if any(s.startswith(tail) for s in self._stops):
+            if any(s.startswith(tail) for s, _ in self._stops):
                 return k
         return 0

@@ -205,6 +205,8 @@ class RequestUpdate(Message):
     # update of every tick that ran one of its prefill chunks (0: no news); the frontend turns
     # it into progress events. ``cached_tokens`` comes with it from the first such update on.
     prompt_done: int = 0
+    # On the final update of a request its stop string ended: which one (as the request gave it).
+    stop_string: str = ""
 
     @property
     def ended(self) -> bool:
@@ -230,6 +232,7 @@ class RequestUpdate(Message):
             self.logprobs + later.logprobs,
             self.prompt_logprobs + later.prompt_logprobs,
             max(self.prompt_done, later.prompt_done),
+            end.stop_string,
         )
 
 

@@ -29,8 +29,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     req = await read_body(request, MessagesRequest, request.app[CONFIG])
     model = served_model(request, req.model)
     generation, parser = await chat_generation(request, req.chat_request())
-    tokenizer = request.app[TOKENIZER]
-    reply = AnthropicReply(model, tokenizer, parser, generation.sampling.stop)
+    reply = AnthropicReply(model, parser)
     return await pipeline.run(request, generation, reply)
 
 

@@ -13,8 +13,8 @@ failure after the headers went out ends the stream with an ``error`` event inste
 
 Stop reasons: ``tool_use`` for tool calls, ``max_tokens`` for output cut short by its
 length, ``pause_turn`` for output cut short by a timeout, a missed deadline or a cancel (the
-turn stopped before its end; the client may send it back to go on), ``stop_sequence`` when
-the output's tokens spell one of ``stop_sequences`` where the text stops, else ``end_turn``.
+turn stopped before its end; the client may send it back to go on), ``stop_sequence`` with the
+one of ``stop_sequences`` the engine matched where the text stops, else ``end_turn``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ from tinyserve.frontend.models.errors import ApiError
 from tinyserve.frontend.models.openai_replies import FinishReason, ToolCall
 from tinyserve.frontend.models.progress import PromptProgress
 from tinyserve.frontend.openai.chat_output import ChatEvents, collect_ending
-from tinyserve.frontend.prompt.tokenizer import Tokenizer
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import sse_event, write_sse
 from tinyserve.frontend.request.state import LINK
@@ -81,13 +80,9 @@ class AnthropicReply:
     """The ``Reply`` of one ``/v1/messages`` request (see ``pipeline.run``); ``parser``
     reads its text and tool uses in the model's own syntax."""
 
-    def __init__(
-        self, model: str, tokenizer: Tokenizer, parser: ReplyParser, stops: list[str]
-    ) -> None:
+    def __init__(self, model: str, parser: ReplyParser) -> None:
         self.model = model
-        self.tokenizer = tokenizer
         self.parser = parser
-        self.stops = stops
 
     async def __call__(
         self, request: web.Request, stream: RequestStream, record: RequestRecord
@@ -103,7 +98,7 @@ class AnthropicReply:
             *_text_blocks(ending.text, ending.calls),
             *map(_tool_use, ending.calls),
         ]
-        stop = await self.stop(whole, ending.reason, whole.token_ids)
+        stop = self.stop(whole, ending.reason)
         body = self.message(record, content, stop, _usage(record, whole))
         return json_response(body, headers={"X-Request-Id": record.request_id})
 
@@ -121,21 +116,16 @@ class AnthropicReply:
             stop_reason=reason, stop_sequence=sequence, usage=usage,
         )  # fmt: skip
 
-    async def stop(
-        self, end: RequestUpdate, reason: FinishReason, token_ids: list[int]
-    ) -> tuple[StopReason, str | None]:
+    def stop(self, end: RequestUpdate, reason: FinishReason) -> tuple[StopReason, str | None]:
         """The stop reason (``end`` the engine's last word, ``reason`` the reply's), and the
-        stop sequence that ended the reply if one did: the first the output's tokens spell
-        (the engine cut the text where it starts, so the text holds none)."""
+        stop sequence that ended the reply if one did (the engine says which it matched)."""
         if end.finish_reason in PAUSED:
             return "pause_turn", None
         if reason != "stop":
             return ("tool_use" if reason == "tool_calls" else "max_tokens"), None
-        if not self.stops:
-            return "end_turn", None
-        spelled = await self.tokenizer.detokenize(token_ids)
-        found = [(at, s) for s in self.stops if (at := spelled.find(s)) >= 0]
-        return ("stop_sequence", min(found)[1]) if found else ("end_turn", None)
+        if end.stop_string:
+            return "stop_sequence", end.stop_string
+        return "end_turn", None
 
 
 def _usage(record: RequestRecord, end: RequestUpdate) -> AnthropicUsage:
@@ -243,7 +233,7 @@ class _MessageEvents(ChatEvents):
             delta = InputJsonDelta(partial_json=call.function.arguments)
             events.append(event(ContentBlockDelta(index=self._blocks - 1, delta=delta)))
             events.append(event(ContentBlockStop(index=self._blocks - 1)))
-        reason, sequence = await self._reply.stop(end, ending.reason, self.token_ids)
+        reason, sequence = self._reply.stop(end, ending.reason)
         usage = _usage(self.record, end)
         stop = StopInfo(stop_reason=reason, stop_sequence=sequence)
         return [*events, event(MessageDelta(delta=stop, usage=usage)), event(MessageStop())]

@@ -84,11 +84,9 @@ class ChatEvents(ABC):
         self.record = record
         self.load = load
         self.output = ChatOutput(parser)
-        self.token_ids: list[int] = []
         self.ended = False  # the ending went out
 
     async def take(self, update: RequestUpdate) -> list[bytes]:
-        self.token_ids += update.token_ids
         events = []
         progress = progress_of(self.record, update)
         if progress is not None:

@@ -38,6 +38,17 @@ def test_earliest_of_several_stops_wins() -> None:
     assert run(["bb", "a"], [b"xxbba"]) == (b"xx", True)
 
 
+def test_the_stop_that_matched_is_named_as_the_request_gave_it() -> None:
+    matcher = StopMatcher(["else", " Anything"])
+    assert matcher.feed(b"Sunny. Any") == b"Sunny."  # " Any" may yet be " Anything"
+    assert matcher.matched is None
+    matcher.feed(b"thing else")
+    assert matcher.matched == " Anything"  # both are there; it starts first
+    multibyte = StopMatcher(["é"])
+    multibyte.feed("café".encode())
+    assert multibyte.matched == "é"
+
+
 def test_multibyte_stop() -> None:
     assert run(["é"], [b"caf", b"\xc3", b"\xa9!"]) == (b"caf", True)
 

@@ -88,6 +88,20 @@ def test_a_stream(client: anthropic.Anthropic, model: str) -> None:
     assert final.stop_reason in ("end_turn", "max_tokens") and final.usage.output_tokens > 0
 
 
+def test_the_stop_sequence_that_ended_a_reply_is_named(
+    client: anthropic.Anthropic, model: str
+) -> None:
+    body: dict[str, Any] = {"model": model, "max_tokens": 24, "messages": ASK,
+                            "extra_body": GREEDY}  # fmt: skip
+    [free] = client.messages.create(**body).content
+    assert free.type == "text"
+    word = " " + free.text.split()[2]  # the engine matches it in the token stream
+    stopped = client.messages.create(**body, stop_sequences=["never said", word])
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", word)
+    [block] = stopped.content
+    assert block.type == "text" and block.text == free.text[: free.text.index(word)]
+
+
 def test_a_two_step_tool_use(client: anthropic.Anthropic, model: str) -> None:
     first = client.messages.create(
         model=model, max_tokens=100, messages=ASK, tools=[WEATHER],

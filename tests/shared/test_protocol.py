@@ -99,10 +99,10 @@ def test_a_frame_without_trailing_defaulted_fields_still_decodes() -> None:
 
 
 def test_an_update_from_an_engine_without_prompt_progress_decodes() -> None:
-    # RequestUpdate.prompt_done came last, with a default: an engine that never sets it
-    # sends one item fewer, and its updates read as "no news".
-    update = p.RequestUpdate("r1", 3, [5], b"x", prompt_done=40)
-    items = [p.PROTOCOL_VERSION, p.TickOutput.TAG, "f" * 32, [update.to_wire()[:-1]]]
+    # RequestUpdate.prompt_done and stop_string came last, with defaults: an engine that
+    # never sets them sends two items fewer, and its updates read as "no news".
+    update = p.RequestUpdate("r1", 3, [5], b"x", prompt_done=40, stop_string="END")
+    items = [p.PROTOCOL_VERSION, p.TickOutput.TAG, "f" * 32, [update.to_wire()[:-2]]]
     decoded = p.decode(msgpack.packb(items, use_bin_type=True))
     assert isinstance(decoded, p.TickOutput)
     assert decoded.updates == [p.RequestUpdate("r1", 3, [5], b"x")]

@@ -28,10 +28,14 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 
 
 def replying(
-    *pieces: str, reason: str = protocol.FINISH_STOP, cached: int = 0, ids: list[int] | None = None
+    *pieces: str,
+    reason: str = protocol.FINISH_STOP,
+    cached: int = 0,
+    ids: list[int] | None = None,
+    stop: str = "",
 ) -> Callable[[protocol.Submit], list[Tick]]:
     """A script: accepted, then each piece as one token (ids 1, 2, ... unless given), then
-    the finish."""
+    the finish (``stop``: the stop string the engine matched)."""
     token_ids = ids or list(range(1, len(pieces) + 1))
 
     def script(submit: protocol.Submit) -> list[Tick]:
@@ -39,7 +43,7 @@ def replying(
         for token, text in zip(token_ids, pieces, strict=True):
             ticks.append([{"token_ids": [token], "text": text.encode()}])
         end = {"finish_reason": reason, "prompt_tokens": len(submit.prompt_ids),
-               "cached_tokens": cached}  # fmt: skip
+               "cached_tokens": cached, "stop_string": stop}  # fmt: skip
         ticks[-1][-1].update(end)
         return ticks
 
@@ -164,9 +168,10 @@ async def test_a_streamed_tool_use_comes_whole(served: Client, engine: FakeEngin
 async def test_a_stop_sequence_is_named(served: Client, engine: FakeEngine) -> None:
     ids = await served.app[TOKENIZER].tokenize("Sunny. Anything else")
     stopped = {**BODY, "stop_sequences": ["else", " Anything"]}
-    engine.script = replying(*(await pieces(served, ids)), ids=ids)
+    engine.script = replying(*(await pieces(served, ids)), ids=ids, stop=" Anything")
     reply = await (await served.post("/v1/messages", json=stopped)).json()
     assert (reply["stop_reason"], reply["stop_sequence"]) == ("stop_sequence", " Anything")
+    engine.script = replying(*(await pieces(served, ids)), ids=ids)
     reply = await (await served.post("/v1/messages", json=BODY)).json()
     assert (reply["stop_reason"], reply["stop_sequence"]) == ("end_turn", None)
     assert engine.submits[0].sampling.stop == ["else", " Anything"]
