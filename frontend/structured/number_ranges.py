@@ -47,10 +47,12 @@ def number_range(low: int | None, high: int | None) -> str:
 def _uint_range(low: int, high: int | None) -> str:
     """Non-negative integers in [low, high] without leading zeros."""
     assert low >= 0 and (high is None or high >= low)
-    if high is None:
+    if high is None:  # as wide as low, or wider: up to the 16 digits of the integer rule
         width = len(str(low))
         same = _same_width(str(low), "9" * width)
-        return f"{same} | [1-9] [0-9]{{{width},15}}"
+        # (a low of 16 digits or more: one digit more; never {m,n} with n < m, which
+        # llama.cpp's grammar parser expands until memory runs out)
+        return f"{same} | [1-9] [0-9]{{{width},{max(width, 15)}}}"
     options = []
     for width in range(len(str(low)), len(str(high)) + 1):
         lo = str(low) if width == len(str(low)) else "1" + "0" * (width - 1)

@@ -58,6 +58,17 @@ def accepts() -> Iterator[Accepts]:
 bounds = st.one_of(st.none(), st.integers(-1200, 1200))
 
 
+def test_a_bound_of_more_digits_than_the_integer_rule_holds(accepts: Accepts) -> None:
+    # An open range from 10^17 + 3 was "[0-9]{18,15}": llama.cpp's parser took it as a
+    # repetition without end and the process that built the grammar ran out of memory.
+    low = 10**17 + 3
+    grammar, _ = schema_to_grammar({"type": "integer", "minimum": low})
+    assert accepts(grammar, str(low)) and accepts(grammar, str(10**18 + 5))
+    assert not accepts(grammar, str(low - 1))
+    grammar, _ = schema_to_grammar({"type": "integer", "maximum": -low})
+    assert accepts(grammar, str(-low)) and not accepts(grammar, str(-low + 1))
+
+
 @settings(max_examples=150, deadline=None)
 @given(low=bounds, high=bounds, value=st.integers(-1500, 1500))
 def test_integer_bounds_are_exact(accepts: Accepts, low: Any, high: Any, value: int) -> None:
@@ -212,6 +223,8 @@ JSON_VALUES = st.recursive(
 @example(schema={"anyOf": {}, "enum": [{"a": [1]}]})
 @example(schema={"type": "integer", "minimum": "3", "exclusiveMaximum": True})
 @example(schema={"type": "string", "minLength": None, "maxLength": 3})
+@example(schema={"type": "integer", "minimum": 1e18})  # [0-9]{19,15}: memory ran out
+@example(schema={"type": "number", "maximum": -1.5e40})
 def test_any_json_as_a_schema_is_a_grammar_that_compiles_or_a_schema_error(
     accepts: Accepts, schema: Any
 ) -> None:
