@@ -16,7 +16,8 @@ object a line with ``path`` and ``body``), the same for every session.
 
 Both servers get ``--slots`` slots of ``--ctx-per-slot`` cells; llama-server ``--jinja`` and its
 defaults otherwise (its prompt cache in RAM included). Replies are greedy (``temperature`` 0).
-Figures are the servers' own usage (``cache_read_input_tokens`` of the prompt's tokens), the
+Figures are the servers' own usage (``cache_read_input_tokens`` of the prompt's tokens, the
+output tokens: compare ``out_per_turn`` before latencies, the two may not answer alike), the
 time to the first streamed delta and to the end; for TinyServe the slowest turns' timelines
 (``GET /v1/requests/{id}``) say where their time went.
 
@@ -289,6 +290,7 @@ def summary(name: str, turns: list[Turn], seconds: float) -> dict[str, float]:
         "computed_tokens": prompt - cached,
         "cached_pct": 100 * cached / max(prompt, 1),
         "later_cached_pct": 100 * sum(t.cached for t in later) / max(later_prompt, 1),
+        "out_per_turn": statistics.mean(t.output for t in main) if main else 0.0,
         "out_tok_s": sum(t.output for t in main + side) / seconds,
         "seconds": seconds,
     }  # fmt: skip
