@@ -149,6 +149,8 @@ def stamped(body: dict[str, Any], model: str, args: argparse.Namespace) -> dict[
     block unless ``--same-header``."""
     body = {**body, "model": model, "max_tokens": min(body["max_tokens"], args.max_tokens),
             "stream": True, "temperature": 0}  # fmt: skip
+    if args.no_tools:
+        body.pop("tools", None)
     cch = "00000" if args.same_header else f"{random.getrandbits(20):05x}"
     system = body.get("system")
     if isinstance(system, list) and system and system[0].get("text", "").startswith("x-anthr"):
@@ -314,6 +316,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="each reply's bound")
     parser.add_argument("--side-every", type=int, default=3, help="0: no side requests")
     parser.add_argument("--same-header", action="store_true", help="keep cch= the same")
+    parser.add_argument("--no-tools", action="store_true",
+                        help="leave the tool list out (llama-server leaves it out of this "
+                        "model's prompt anyway): both servers then see alike prompts")  # fmt: skip
     parser.add_argument("--capture", type=Path, help="replay these /v1/messages bodies")
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--ctx-per-slot", type=int, default=8192)
