@@ -18,7 +18,7 @@ import argparse
 import re
 import statistics
 
-from common import get_json, post_json, prompt_of, start_node
+from common import post_json, prompt_of, start_node
 
 from tinyserve.model import resolve_model_path
 
@@ -91,7 +91,6 @@ def main() -> None:
             lps = [prompt_logprobs(node.url, t) for t in texts]
             greedy = [greedy_tokens(node.url, t, args.greedy) for t in texts]
             speeds = [speed(node.url, args, salt) for salt in range(10, 10 + args.rounds)]
-            get_json(f"{node.url}/health")
         finally:
             node.stop(check=False)
         if not base_lp:

@@ -43,7 +43,7 @@ class EmbedShare:
     def ran(self, generating: bool, generation_ns: int, embedding_ns: int) -> None:
         """What the tick's two decodes took, while embeddings waited."""
         if not generating or self.share >= 1:
-            self.owed_ns, self.since_part = 0.0, SPACING
+            self.idle()
             return
         self.since_part = 0 if embedding_ns else self.since_part + 1
         earned = generation_ns * self.share / (1 - self.share)
