@@ -18,8 +18,10 @@ Writes ``bench/results/embeddings.csv``.
 ``--stream-tokens`` greedy tokens back to back, and ``--clients`` clients each send
 ``--per-request`` inputs per request back to back, for ``--window`` seconds: the streams alone,
 the embedding clients alone, then both at once (the embedding clients start first and go on
-until the last stream ends; inputs count when their request ended within the window). Figures:
-the streams' ITL p50/p99 and the embedding inputs per second, each beside the other against
+until the last stream ends; the embedding rate is the inputs of the requests that ended within
+the window over the time to the last of them). Figures: the streams' ITL p50/p99 and time per
+output token (a stream's pace: with speculation a chunk carries several tokens, so its gaps
+are fewer and longer) and the embedding inputs per second, each beside the other against
 alone, and every request that failed. ``--embedding-model PATH`` gives the node a second model
 for the embeddings; ``--node-flags`` more flags. Writes ``bench/results/embeddings_mixed.csv``.
 
@@ -200,7 +202,8 @@ async def mixed_phase(
     inputs = texts(args.per_request, args.tokens)
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     gaps: list[float] = []
-    embedded, failed = [0], [0]
+    paces: list[float] = []  # each stream's time per token after its first
+    embedded, failed, last_end = [0], [0], [0.0]
     async with aiohttp.ClientSession(connector=connector) as session:
         streams_done = asyncio.Event()
         began = time.perf_counter()
@@ -215,6 +218,8 @@ async def mixed_phase(
                 result = await stream_request(session, url, body)
                 failed[0] += result.status != 200 or result.tokens != args.stream_tokens
                 gaps.extend(result.gaps)
+                if result.tokens > 1:
+                    paces.append(sum(result.gaps) / (result.tokens - 1))
 
         async def embedder() -> None:
             body = {"input": inputs, "encoding_format": "base64"}
@@ -225,17 +230,22 @@ async def mixed_phase(
                     failed[0] += 1
                 elif time.perf_counter() <= stop:
                     embedded[0] += len(inputs)
+                    last_end[0] = time.perf_counter()
 
         tasks = [asyncio.create_task(embedder()) for _ in range(clients)]
         await asyncio.sleep(0.5 if clients else 0)  # the embedding load is on when streams begin
         await asyncio.gather(*(streamer(i) for i in range(streams)))
         streams_done.set()
         await asyncio.gather(*tasks)
+    rate = embedded[0] / (last_end[0] - began) if embedded[0] else 0.0
     return {
         "itl_p50_ms": round(1000 * percentile(gaps, 0.5), 2) if gaps else None,
         "itl_p99_ms": round(1000 * percentile(gaps, 0.99), 2) if gaps else None,
+        "tpot_ms": round(1000 * mean(paces), 2) if paces else None,
         "gaps": len(gaps),
-        "inputs_per_s": round(embedded[0] / args.window, 2) if clients else None,
+        # by the last request that ended in the window: requests of many inputs end in
+        # clusters, and a count over the whole window would move in steps of a cluster
+        "inputs_per_s": round(rate, 2) if clients else None,
         "failed": failed[0],
     }
 
@@ -270,10 +280,12 @@ def run_mixed(model: Path, args: argparse.Namespace) -> None:
         alone, embeds, both = rows[3 * r : 3 * r + 3]
         p50 = (both["itl_p50_ms"] or 0) / (alone["itl_p50_ms"] or math.inf)
         p99 = (both["itl_p99_ms"] or 0) / (alone["itl_p99_ms"] or math.inf)
+        pace = (both["tpot_ms"] or 0) / (alone["tpot_ms"] or math.inf)
         rate = both["inputs_per_s"] / (embeds["inputs_per_s"] or math.inf)
         print(
             f"round {r + 1}: ITL p50 {alone['itl_p50_ms']} -> {both['itl_p50_ms']} ms "
-            f"({p50:.2f}x), p99 {alone['itl_p99_ms']} -> {both['itl_p99_ms']} ms ({p99:.2f}x); "
+            f"({p50:.2f}x), p99 {alone['itl_p99_ms']} -> {both['itl_p99_ms']} ms ({p99:.2f}x), "
+            f"TPOT {alone['tpot_ms']} -> {both['tpot_ms']} ms ({pace:.2f}x); "
             f"embeddings {embeds['inputs_per_s']} -> {both['inputs_per_s']} inputs/s "
             f"({rate:.2f}x); failed {sum(row['failed'] for row in (alone, embeds, both))}"
         )

@@ -161,7 +161,8 @@ class EngineCore:
             scheduler.drafts.embedded(ended, part)
             if part is not None:
                 scheduler.guessing.other_work()
-        share.ran(generating, int(generation_s * 1e9), int(part.seconds * 1e9) if part else 0)
+        spent_ns, tokens = (int(part.seconds * 1e9), part.tokens) if part else (0, 0)
+        share.ran(generating, int(generation_s * 1e9), spent_ns, tokens)
 
     def report(self) -> TickReport:
         """What happened since the last report (requests refused or cancelled between ticks)

@@ -208,7 +208,10 @@ class Embeddings:
         mean = self.pooling == llama_cpp.LLAMA_POOLING_TYPE_MEAN
         self.queue = EmbedQueue(config, recent, splits, mean)
         self.share = EmbedShare(
-            config.embedding_share, config.embedding_tick_tokens, spec.max_tokens
+            config.embedding_share,
+            config.embedding_tick_tokens,
+            spec.max_tokens,
+            config.embedding_part_decodes,
         )
         self._context: EmbeddingContext | None = None
 

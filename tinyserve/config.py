@@ -84,6 +84,7 @@ class Config:
     embedding_max_tokens: int
     embedding_tick_tokens: int
     embedding_share: float
+    embedding_part_decodes: float
     api_key: tuple[str, ...]
     api_key_file: str | None
     metrics_auth: bool

@@ -310,8 +310,7 @@ OPTIONS: tuple[Option, ...] = (
         "embedding_tick_tokens",
         _pint,
         24,
-        "most /v1/embeddings tokens one tick runs while generation requests wait or run: "
-        "what a stream's gap between two tokens grows by at most",
+        "most /v1/embeddings tokens one tick runs while generation requests wait or run",
         _ENG,
     ),
     Option(
@@ -320,6 +319,14 @@ OPTIONS: tuple[Option, ...] = (
         0.7,
         "share of the engine's time /v1/embeddings gets while generation requests wait or run "
         "(1: a part every tick)",
+        _ENG,
+    ),
+    Option(
+        "embedding_part_decodes",
+        _positive(float),
+        3.0,
+        "longest a tick's /v1/embeddings part may take beside generation, in generation "
+        "decodes (both measured as the engine runs): what a stream's gap grows by at most",
         _ENG,
     ),
     # frontend

@@ -1,9 +1,10 @@
 """The engine's time shared between embeddings and generation: a part only while embeddings
-are owed time, never larger than --embedding-tick-tokens beside generation."""
+are owed time, and beside generation a part of about --embedding-part-decodes decodes' time,
+never more than --embedding-tick-tokens tokens."""
 
 from __future__ import annotations
 
-from tinyserve.engine.embed_share import EmbedShare
+from tinyserve.engine.embed_share import MIN_PART, EmbedShare
 
 MS = 1_000_000
 
@@ -15,15 +16,15 @@ def ticks_with_parts(share: EmbedShare, ticks: int, generation_ns: int, part_ns:
     for _ in range(ticks):
         room = share.room(generating=True)
         pattern += "E" if room else "."
-        share.ran(True, generation_ns, part_ns if room else 0)
+        share.ran(True, generation_ns, part_ns if room else 0, room)
     return pattern
 
 
 def test_alone_a_part_is_a_whole_batch() -> None:
     share = EmbedShare(0.5, 16, 512)
     assert share.room(generating=False) == 512
-    share.ran(False, 0, 900 * MS)
-    assert share.room(generating=True) == 16  # nothing owed from the spell alone
+    share.ran(False, 0, 900 * MS, 512)
+    assert share.room(generating=True) == MIN_PART  # nothing owed, nothing measured beside
 
 
 def test_parts_come_as_often_as_the_share_says() -> None:
@@ -48,5 +49,28 @@ def test_time_is_not_saved_up() -> None:
     assert share.owed_ns == 100 * MS
 
 
+def test_a_part_takes_about_the_decodes_it_may_take() -> None:
+    # a decode takes 20 ms, an embedding token 5 ms: three decodes hold 12 tokens
+    share = EmbedShare(0.9, 64, 512, part_decodes=3)
+    share.ran(True, 20 * MS, 20 * MS, 4)
+    assert share.part_tokens() == 12
+    # embedding tokens grow dearer (10 ms each): the parts shrink with them, the averages
+    # following the newest measurements, until a part is again three decodes long
+    for _ in range(20):
+        tokens = share.part_tokens()
+        share.ran(True, 20 * MS, 10 * MS * tokens, tokens)
+    assert share.part_tokens() == 6
+
+
+def test_a_part_is_bounded_by_its_tokens_and_never_empty() -> None:
+    share = EmbedShare(0.9, 8, 512, part_decodes=3)
+    share.ran(True, 100 * MS, 1 * MS, 1)  # a cheap token: the time allows 300
+    assert share.part_tokens() == 8
+    share = EmbedShare(0.9, 64, 512, part_decodes=3)
+    share.ran(True, 1 * MS, 100 * MS, 1)  # a dear one: the time allows none
+    assert share.part_tokens() == MIN_PART
+
+
 def test_a_part_never_exceeds_the_largest_input() -> None:
-    assert EmbedShare(0.5, 1024, 512).room(generating=True) == 512
+    assert EmbedShare(0.5, 1024, 512).room(generating=False) == 512
+    assert EmbedShare(0.5, 1024, 512).tick_tokens == 512
