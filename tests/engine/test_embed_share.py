@@ -3,7 +3,7 @@ are owed time, never larger than --embedding-tick-tokens beside generation."""
 
 from __future__ import annotations
 
-from tinyserve.engine.embed_share import EmbedShare
+from tinyserve.engine.embeddings.embed_share import EmbedShare
 
 MS = 1_000_000
 
