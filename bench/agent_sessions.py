@@ -47,7 +47,7 @@ from common import percentile
 from vs_llama_server import Server, launch_llama_server, model_id, start_tinyserve
 
 from tests.integration.node import free_port
-from tinyserve.engine.weights import repack_weights
+from tinyserve.engine.runtime.weights import repack_weights
 from tinyserve.model import resolve_model_path
 
 BILLING = "x-anthropic-billing-header: cc_version=2.1.197.c23; cc_entrypoint=sdk-cli; cch={};"

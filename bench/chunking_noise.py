@@ -21,7 +21,7 @@ from tests.engine.conftest import core_config
 from tests.engine.test_core import Driver
 from tests.engine.test_kv_space import chat, hand_over_instead
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
+from tinyserve.engine.runtime.runtime import LlamaRuntime, RuntimeSpec
 
 
 def first(d: Driver, prompt: list[int]) -> dict[int, float]:

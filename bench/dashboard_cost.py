@@ -29,9 +29,9 @@ import aiohttp
 from common import start_node, stream_request, write_csv
 
 from tinyserve import protocol
-from tinyserve.engine.events import EventFeed
-from tinyserve.engine.report import RULE_ARRIVAL, Batch, Grant, Load, TickReport
-from tinyserve.engine.sequence import Sequence, SequenceStatus
+from tinyserve.engine.output.events import EventFeed
+from tinyserve.engine.output.report import RULE_ARRIVAL, Batch, Grant, Load, TickReport
+from tinyserve.engine.request.sequence import Sequence, SequenceStatus
 
 PROMPT = "Write a story about a robot who learns to paint. Once upon a time,"
 

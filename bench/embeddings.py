@@ -66,7 +66,7 @@ def embed_in_process(model: str, count: int, tokens: int, per_request: int, thre
     fresh interpreter by ``in_fresh_process``)."""
     import llama_cpp
 
-    from tinyserve.engine.weights import model_params, repack_weights
+    from tinyserve.engine.runtime.weights import model_params, repack_weights
 
     params = model_params(repack_weights("auto"))
     llama_cpp.llama_cpp.llama_model_default_params = lambda: params  # weights as the engine's
@@ -94,7 +94,7 @@ def embed_in_process(model: str, count: int, tokens: int, per_request: int, thre
 
 def start_llama_server(model: Path, args: argparse.Namespace) -> Server:
     from tests.integration.node import free_port
-    from tinyserve.engine.weights import repack_weights
+    from tinyserve.engine.runtime.weights import repack_weights
 
     port = free_port()
     flags = [

@@ -18,7 +18,7 @@ import time
 import llama_cpp
 
 from tinyserve.config import build_config
-from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
+from tinyserve.engine.runtime.runtime import LlamaRuntime, RuntimeSpec
 from tinyserve.frontend.structured.json_schema import schema_to_grammar
 from tinyserve.protocol import SamplingParams
 

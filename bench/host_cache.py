@@ -70,9 +70,9 @@ def opening(i: int) -> str:
 
 def in_process(threads: int, lengths: list[int], repeats: int) -> list[dict[str, Any]]:
     """Per n: prefill, restore from the cache and store, in milliseconds (medians)."""
-    from tinyserve.engine.host_cache import HostCache
-    from tinyserve.engine.kv_space import probe_layout
-    from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
+    from tinyserve.engine.kv.host_cache import HostCache
+    from tinyserve.engine.kv.kv_space import probe_layout
+    from tinyserve.engine.runtime.runtime import LlamaRuntime, RuntimeSpec
     from tinyserve.model import resolve_model_path
 
     # Two slots: one prefilled, one the cache writes into; room for the next token after n.

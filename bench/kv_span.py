@@ -33,7 +33,7 @@ def engine_rate(batch: int, prompt_len: int, steps: int, threads: int, cells: in
     from tinyserve import protocol
     from tinyserve.config import build_config
     from tinyserve.engine.core import EngineCore
-    from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
+    from tinyserve.engine.runtime.runtime import LlamaRuntime, RuntimeSpec
 
     settings = {"slots": batch, "ctx_per_slot": cells, "threads": threads, "log_level": "error"}
     config = build_config(settings, environ={})

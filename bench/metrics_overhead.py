@@ -18,10 +18,18 @@ import time
 from collections.abc import Callable
 
 from tinyserve import metrics, protocol
-from tinyserve.engine.host_cache import CacheStats
-from tinyserve.engine.meters import EngineMeter
-from tinyserve.engine.report import RULE_ARRIVAL, Batch, Cause, Ended, Grant, Load, TickReport
-from tinyserve.engine.timeline import Timeline
+from tinyserve.engine.kv.host_cache import CacheStats
+from tinyserve.engine.output.meters import EngineMeter
+from tinyserve.engine.output.report import (
+    RULE_ARRIVAL,
+    Batch,
+    Cause,
+    Ended,
+    Grant,
+    Load,
+    TickReport,
+)
+from tinyserve.engine.request.timeline import Timeline
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.record import RequestRecord
 

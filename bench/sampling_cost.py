@@ -27,7 +27,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from tinyserve.config import build_config
-    from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
+    from tinyserve.engine.runtime.runtime import LlamaRuntime, RuntimeSpec
     from tinyserve.protocol import SamplingParams
 
     config = build_config({"threads": args.threads, "slots": args.rows}, environ={})

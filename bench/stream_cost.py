@@ -152,7 +152,7 @@ def core_alone(tokens: int, threads: int, ctx_per_slot: int, slots: int, request
     from tinyserve import protocol
     from tinyserve.config import build_config
     from tinyserve.engine.core import EngineCore
-    from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
+    from tinyserve.engine.runtime.runtime import LlamaRuntime, RuntimeSpec
     from tinyserve.model import resolve_model_path
 
     options = {"threads": threads, "ctx_per_slot": ctx_per_slot, "slots": slots}

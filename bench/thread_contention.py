@@ -24,7 +24,7 @@ def measure(threads: int, chunks: int, decodes: int) -> None:
     """In this process: prefill tokens a second and decode ms a token, printed."""
     import llama_cpp
 
-    from tinyserve.engine.weights import model_params, repack_weights
+    from tinyserve.engine.runtime.weights import model_params, repack_weights
     from tinyserve.model import resolve_model_path
 
     quiet = llama_cpp.llama_log_callback(lambda *_: None)

@@ -43,7 +43,7 @@ def bare_llama(
     as the engine decides (``--repack auto``); ``n_ubatch`` is ``n_batch``."""
     import llama_cpp
 
-    from tinyserve.engine.weights import model_params, repack_weights
+    from tinyserve.engine.runtime.weights import model_params, repack_weights
     from tinyserve.model import resolve_model_path
 
     quiet = llama_cpp.llama_log_callback(lambda *_: None)  # kept alive for the whole run

@@ -118,7 +118,7 @@ class Server:
 
 def start_llama_server(args: argparse.Namespace, model_path: Path) -> Server:
     from tests.integration.node import free_port
-    from tinyserve.engine.weights import repack_weights
+    from tinyserve.engine.runtime.weights import repack_weights
 
     port = free_port()
     flags = [

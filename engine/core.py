@@ -19,15 +19,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tinyserve.config import Config
-from tinyserve.engine.draft_model import DraftModel
-from tinyserve.engine.embedder import Embeddings, EmbedSpec
-from tinyserve.engine.host_cache import CacheStats
-from tinyserve.engine.kv_space import KvSpace
-from tinyserve.engine.report import Cause, Load, TickReport
-from tinyserve.engine.runner import Runner
-from tinyserve.engine.runtime import LlamaRuntime
-from tinyserve.engine.scheduler import Scheduler
-from tinyserve.engine.sequence import Sequence
+from tinyserve.engine.embeddings.embedder import Embeddings, EmbedSpec
+from tinyserve.engine.kv.host_cache import CacheStats
+from tinyserve.engine.kv.kv_space import KvSpace
+from tinyserve.engine.model.runner import Runner
+from tinyserve.engine.output.report import Cause, Load, TickReport
+from tinyserve.engine.request.sequence import Sequence
+from tinyserve.engine.runtime.runtime import LlamaRuntime
+from tinyserve.engine.scheduling.scheduler import Scheduler
+from tinyserve.engine.speculation.draft_model import DraftModel
 from tinyserve.protocol import FINISH_CANCELLED, FINISH_ERROR, Embed, Submit
 
 

@@ -22,14 +22,14 @@ import zmq
 
 from tinyserve import metrics
 from tinyserve.config import Config, notify_socket, watchdog_interval_s
-from tinyserve.engine.cache_store import KeptCache
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.events import EventFeed
 from tinyserve.engine.heartbeat import HeartbeatThread
-from tinyserve.engine.meters import EngineMeter
-from tinyserve.engine.report import TickReport
-from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
-from tinyserve.engine.spans import SpanRecorder
+from tinyserve.engine.kv.cache_store import KeptCache
+from tinyserve.engine.output.events import EventFeed
+from tinyserve.engine.output.meters import EngineMeter
+from tinyserve.engine.output.report import TickReport
+from tinyserve.engine.output.spans import SpanRecorder
+from tinyserve.engine.runtime.runtime import LlamaRuntime, RuntimeSpec
 from tinyserve.feed_protocol import FEED_TOPIC, FeedLease
 from tinyserve.logs import RateLimitedLog, fields
 from tinyserve.model import model_name

@@ -1,6 +1,6 @@
-"""The capacity rule, written once: the engine's acceptance (``engine/scheduler.py``) and the
-frontend's admission (``frontend/request/admission.py``) both decide with these functions, so
-the two cannot drift apart. Plain integers in, plain answers out.
+"""The capacity rule, written once: the engine's acceptance (``engine/scheduling/scheduler.py``)
+and the frontend's admission (``frontend/request/admission.py``) both decide with these
+functions, so the two cannot drift apart. Plain integers in, plain answers out.
 
 Each slot has KV cells of its own, so a request competes for a slot and nothing else: it
 fits if its prompt and its whole output fit one slot's cells, and it is turned away only

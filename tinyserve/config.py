@@ -119,7 +119,7 @@ class Config:
     @property
     def shared_cache(self) -> bool:
         """Whether finished prefixes go to the prefix cache in host memory
-        (``engine/host_cache.py``); without it a free slot still keeps its last request's."""
+        (``engine/kv/host_cache.py``); without it a free slot still keeps its last request's."""
         return self.prefix_cache and self.host_cache_mb > 0
 
     @property

@@ -1,7 +1,7 @@
 """The steps of a request's timeline, declared once, for the engine and the frontend.
 
 The engine records each step as a record of nanosecond ``CLOCK_MONOTONIC`` stamps
-(``engine/timeline.py``) and turns it into its wire form (JSON-able, milliseconds since the
+(``engine/request/timeline.py``) and turns it into its wire form (JSON-able, milliseconds since the
 frontend's arrival) with the record's ``wire``; the ``*Wire`` types name the keys of that form,
 which the frontend reads (``GET /v1/requests/{id}``, ``"timeline": true`` replies, the request
 log line). ``docs/observability.md`` lists every field.

@@ -1,7 +1,7 @@
 """Block-aligned token radix tree for the prefix cache.
 
 Each node is one full block of ``block_size`` token ids under its parent (the root is the
-empty prefix) and names the id its KV is kept under (``engine/host_cache.py``: a row of the
+empty prefix) and names the id its KV is kept under (``engine/kv/host_cache.py``: a row of the
 host arena, accounted by ``kv_blocks.BlockAccountant``). A block's KV depends on every token
 before it, so a block is only ever found below the prefix it was computed after.
 

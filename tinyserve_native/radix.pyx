@@ -1,7 +1,7 @@
 """Block-aligned token radix tree: cached prefixes and the ids their blocks' KV is kept under.
 
 A node is one full block of ``block_size`` token ids under its parent, naming the id the
-caller keeps that block's KV under (``engine/host_cache.py``: a row of its host arena).
+caller keeps that block's KV under (``engine/kv/host_cache.py``: a row of its host arena).
 """
 
 from heapq import heapify, heappop, heappush

@@ -1,7 +1,7 @@
 """``POST /v1/embeddings``: the inputs are checked and tokenized here, embedded by the engine in
-batches of their own beside generation (``engine/embedder.py``), and sent back in OpenAI's
-shape. No prefix cache and no slot: an input's cost is one prefill, and a request that cannot
-be queued now is a 503 with Retry-After, as a generation's."""
+batches of their own beside generation (``engine/embeddings/embedder.py``), and sent back in
+OpenAI's shape. No prefix cache and no slot: an input's cost is one prefill, and a request that
+cannot be queued now is a 503 with Retry-After, as a generation's."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ class NodeLoad:
 
     waiting: int
     running: int
-    drain_rate: float  # requests leaving the engine per second of work (engine/drain.py)
+    drain_rate: float  # requests leaving the engine per second of work (engine/scheduling/drain.py)
     pending_requests: int = 0
     draining: bool = False
     embed_waiting: int = 0  # embedding requests queued in the engine

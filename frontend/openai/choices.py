@@ -6,7 +6,7 @@ Every choice is an engine request of its own, run through the same pipeline as a
 is one JSON body with a choice per (prompt, i) at ``index = prompt * n + i``, usage summed (a
 prompt's tokens counted once, however many choices it has). The n choices of one prompt share
 its prefill: the first is submitted first and the others name it (``fork_of``), so the engine
-copies its KV (``engine/forks.py``); with a seed, choice ``index`` samples with
+copies its KV (``engine/kv/forks.py``); with a seed, choice ``index`` samples with
 ``seed + index``. The first failure (a rejection, an error) is the reply, and the other
 choices are cancelled.
 

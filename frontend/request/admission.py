@@ -33,9 +33,10 @@ from tinyserve.protocol import HelloAck, RequestUpdate
 
 RETRY_MIN_S = 1
 RETRY_MAX_S = 60
-# Retry-After while the engine knows no drain rate (engine/drain.py: nothing has finished or
-# run since it started): it has one within a step or two of having work, so come back soon
-# for an estimate; one more 503 costs a client less than sleeping through an idle engine.
+# Retry-After while the engine knows no drain rate (engine/scheduling/drain.py: nothing has
+# finished or run since it started): it has one within a step or two of having work, so come
+# back soon for an estimate; one more 503 costs a client less than sleeping through an idle
+# engine.
 RETRY_UNKNOWN_S = 2
 # No restart time is known when the engine is down; a few seconds keeps clients from hammering.
 ENGINE_DOWN_RETRY_S = 5

@@ -19,7 +19,7 @@ only calls, with arguments that follow each tool's parameter schema; with ``auto
 calls, or plain text that does not start like them, so a call the model starts is still a
 valid one. A reply holds at most one call per tool offered (``parallel_tool_calls`` false,
 or a template that renders one call per message: one call). No lazy grammar (see
-``engine.sampler``).
+``engine.runtime.sampler``).
 """
 
 from __future__ import annotations

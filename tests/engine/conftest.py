@@ -7,7 +7,7 @@ import llama_cpp
 import pytest
 
 from tinyserve.config import Config, build_config
-from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
+from tinyserve.engine.runtime.runtime import LlamaRuntime, RuntimeSpec
 from tinyserve.model import resolve_model_path
 
 # Small enough to be quick, large enough for several sequences at once: 4 slots of 512 cells.

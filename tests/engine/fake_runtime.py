@@ -7,7 +7,7 @@ between streams is whole, as llama.cpp's is. Its "model" samples from a hash of 
 sequence sees at positions ``0..pos``, so a request that was handed a wrong or missing cell
 generates something else than the same request run alone would.
 
-Saved states are written and read in llama.cpp's layout (``engine/kv_state.py`` describes
+Saved states are written and read in llama.cpp's layout (``engine/kv/kv_state.py`` describes
 it), with one layer whose K row holds a cell's position and token and whose V row its token:
 the real ``StateLayout`` cuts and joins them, and a block put back at the wrong place shows.
 """

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tinyserve.engine import cache_store
-from tinyserve.engine.cache_store import (
+from tinyserve.engine.core import EngineCore
+from tinyserve.engine.kv import cache_store
+from tinyserve.engine.kv.cache_store import (
     ROOT,
     KeptCache,
     StoredBlock,
@@ -23,10 +24,9 @@ from tinyserve.engine.cache_store import (
     stored_blocks,
     write,
 )
-from tinyserve.engine.core import EngineCore
-from tinyserve.engine.host_cache import TIER_DISK, HostCache
-from tinyserve.engine.kv_state import Record, StateLayout
-from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.engine.kv.host_cache import TIER_DISK, HostCache
+from tinyserve.engine.kv.kv_state import Record, StateLayout
+from tinyserve.engine.runtime.runtime import LlamaRuntime
 
 from .conftest import core_config
 from .test_core import Driver

@@ -10,8 +10,8 @@ import pytest
 
 from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.report import Batch, Ended, Grant
-from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
+from tinyserve.engine.output.report import Batch, Ended, Grant
+from tinyserve.engine.runtime.runtime import LlamaRuntime, RuntimeSpec
 
 from .conftest import core_config
 

@@ -9,8 +9,8 @@ import pytest
 
 from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.report import Cause
-from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.engine.output.report import Cause
+from tinyserve.engine.runtime.runtime import LlamaRuntime
 
 from .conftest import core_config
 from .test_core import FRONTEND, PROMPT, Driver

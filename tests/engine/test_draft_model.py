@@ -13,8 +13,8 @@ from gguf.scripts.gguf_new_metadata import MetadataDetails
 
 from tests.chat_templates import model_with_metadata
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.draft_model import Ask, DraftModel
-from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
+from tinyserve.engine.runtime.runtime import LlamaRuntime, RuntimeSpec
+from tinyserve.engine.speculation.draft_model import Ask, DraftModel
 from tinyserve.errors import EngineFatalError
 
 from .conftest import core_config

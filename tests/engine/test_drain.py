@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tinyserve.engine.drain import DrainRate
-from tinyserve.engine.sequence import Sequence, SequenceStatus
+from tinyserve.engine.request.sequence import Sequence, SequenceStatus
+from tinyserve.engine.scheduling.drain import DrainRate
 from tinyserve.protocol import SamplingParams, Submit
 
 S = 1_000_000_000  # ns

@@ -4,7 +4,7 @@ never more than --embedding-tick-tokens tokens."""
 
 from __future__ import annotations
 
-from tinyserve.engine.embed_share import MIN_PART, EmbedShare
+from tinyserve.engine.embeddings.embed_share import MIN_PART, EmbedShare
 
 MS = 1_000_000
 

@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from tinyserve.engine import embedder as embedder_module
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.embed_queue import Piece
-from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.engine.embeddings import embedder as embedder_module
+from tinyserve.engine.embeddings.embed_queue import Piece
+from tinyserve.engine.runtime.runtime import LlamaRuntime
 from tinyserve.errors import RequestError
 from tinyserve.protocol import (
     FINISH_CANCELLED,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tinyserve.engine import events
-from tinyserve.engine.events import EventFeed
-from tinyserve.engine.report import (
+from tinyserve.engine.output import events
+from tinyserve.engine.output.events import EventFeed
+from tinyserve.engine.output.report import (
     Batch,
     Cause,
     EmbedBatch,
@@ -14,8 +14,8 @@ from tinyserve.engine.report import (
     Rejected,
     TickReport,
 )
-from tinyserve.engine.sequence import Sequence, SequenceStatus
-from tinyserve.engine.timeline import Timeline
+from tinyserve.engine.request.sequence import Sequence, SequenceStatus
+from tinyserve.engine.request.timeline import Timeline
 from tinyserve.protocol import (
     REJECT_QUEUE_FULL,
     FeedUpdate,

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from tinyserve import protocol as p
-from tinyserve.engine import runtime as runtime_module
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
+from tinyserve.engine.runtime import runtime as runtime_module
+from tinyserve.engine.runtime.runtime import LlamaRuntime, RuntimeSpec
 from tinyserve.errors import RequestError
 from tinyserve.model import resolve_model_path
 

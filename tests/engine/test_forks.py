@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.engine.runtime.runtime import LlamaRuntime
 
 from .conftest import core_config
 from .test_core import FRONTEND, Driver

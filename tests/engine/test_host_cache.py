@@ -1,4 +1,4 @@
-"""The prefix cache in host memory (``engine/host_cache.py``) on a small arena: what it
+"""The prefix cache in host memory (``engine/kv/host_cache.py``) on a small arena: what it
 stores, what a lookup finds, what a restore writes, what it evicts to make room.
 
 Saved states are fake ones in llama.cpp's layout (``fake_runtime.write_state``: one layer,
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.engine.fake_runtime import read_state, write_state
-from tinyserve.engine.host_cache import NO_HIT, TIER_DISK, TIER_HOST, HostCache
-from tinyserve.engine.kv_state import Bytes, StateLayout
+from tinyserve.engine.kv.host_cache import NO_HIT, TIER_DISK, TIER_HOST, HostCache
+from tinyserve.engine.kv.kv_state import Bytes, StateLayout
 
 BLOCK = 4
 LAYOUT = StateLayout.read(write_state(0, 1, {0: 9}), 1)

@@ -1,4 +1,4 @@
-"""Where a request's KV comes from at its slot grant (``engine/kv_space.py``), with the real
+"""Where a request's KV comes from at its slot grant (``engine/kv/kv_space.py``), with the real
 model: the cells a free slot kept, the prefix cache in host memory, or nothing. (A failing
 prefix cache: ``test_failures.py``.)"""
 
@@ -10,9 +10,15 @@ from typing import Any
 import pytest
 
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.host_cache import MISS_NO_MATCH, MISS_SHORT, TIER_HOST, TIER_SLOT, HostCache
-from tinyserve.engine.resident import common_start
-from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.engine.kv.host_cache import (
+    MISS_NO_MATCH,
+    MISS_SHORT,
+    TIER_HOST,
+    TIER_SLOT,
+    HostCache,
+)
+from tinyserve.engine.kv.resident import common_start
+from tinyserve.engine.runtime.runtime import LlamaRuntime
 
 from .conftest import core_config
 from .test_core import Driver

@@ -1,4 +1,4 @@
-"""llama.cpp's saved sequence state cut into blocks and joined back (``engine/kv_state.py``):
+"""llama.cpp's saved sequence state cut into blocks and joined back (``engine/kv/kv_state.py``):
 with the real model, and as a property over synthetic states of any layout it can take."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tinyserve.engine.kv_state import Bytes, StateFormatError, StateLayout
-from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.engine.kv.kv_state import Bytes, StateFormatError, StateLayout
+from tinyserve.engine.runtime.runtime import LlamaRuntime
 
 MAGIC = 0xAF143CD8
 PROMPT = list(range(100, 137))  # 37 tokens: two blocks of 16 and a tail of 5

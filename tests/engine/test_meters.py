@@ -1,5 +1,5 @@
-"""engine/meters.py: metrics read from the tick report (structured grants and causes, no string
-matching), and the scheduler-decision label stays bounded whatever tenants clients name."""
+"""engine/output/meters.py: metrics read from the tick report (structured grants and causes, no
+string matching), and the scheduler-decision label stays bounded whatever tenants clients name."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tinyserve import metrics
-from tinyserve.engine.meters import rule_label
-from tinyserve.engine.report import RULE_ARRIVAL, RULE_PRIORITY, RULE_TENANT, Grant
+from tinyserve.engine.output.meters import rule_label
+from tinyserve.engine.output.report import RULE_ARRIVAL, RULE_PRIORITY, RULE_TENANT, Grant
 
 TENANTS = frozenset({"a", "b"})
 
@@ -32,10 +32,10 @@ METERED = """
 import sys
 from collections import Counter
 from tinyserve import metrics, protocol as p
-from tinyserve.engine.meters import EngineMeter
-from tinyserve.engine.host_cache import CacheStats
-from tinyserve.engine.report import *
-from tinyserve.engine.timeline import Timeline
+from tinyserve.engine.output.meters import EngineMeter
+from tinyserve.engine.kv.host_cache import CacheStats
+from tinyserve.engine.output.report import *
+from tinyserve.engine.request.timeline import Timeline
 
 m = metrics.setup(sys.argv[1], metrics.ENGINE)
 meter = EngineMeter(m, "wfq", 4, ["a"])

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tinyserve.engine.policies import Policy, make_policy
-from tinyserve.engine.sequence import Sequence, SequenceStatus
-from tinyserve.engine.srpt import SrptPolicy, work
-from tinyserve.engine.wfq import WfqPolicy
+from tinyserve.engine.request.sequence import Sequence, SequenceStatus
+from tinyserve.engine.scheduling.policies import Policy, make_policy
+from tinyserve.engine.scheduling.srpt import SrptPolicy, work
+from tinyserve.engine.scheduling.wfq import WfqPolicy
 from tinyserve.protocol import SamplingParams, Submit
 
 _order = itertools.count(1)
@@ -290,7 +290,7 @@ def test_unknown_policy_and_negative_aging_are_refused() -> None:
 
 def test_the_new_policies_are_chosen_by_flag_or_environment() -> None:
     from tinyserve.config import build_config
-    from tinyserve.engine.deadline import DeadlinePolicy
+    from tinyserve.engine.scheduling.deadline import DeadlinePolicy
     from tinyserve.options import ENGINE
 
     config = build_config({}, environ={"TINYSERVE_POLICY": "srpt", "TINYSERVE_SRPT_AGING": "0"})

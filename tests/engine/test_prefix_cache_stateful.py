@@ -30,8 +30,8 @@ from tests.engine.test_speculation import FreeRows
 from tinyserve import protocol as p
 from tinyserve.config import build_config
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.host_cache import TIER_HOST, TIER_SLOT, HostCache
-from tinyserve.engine.sequence import SequenceStatus
+from tinyserve.engine.kv.host_cache import TIER_HOST, TIER_SLOT, HostCache
+from tinyserve.engine.request.sequence import SequenceStatus
 
 BLOCK = 4
 FRONTEND = "f" * 32

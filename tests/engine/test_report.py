@@ -1,12 +1,12 @@
-"""engine/report.py: the one TickReport a core step returns, with the real model. Everything
+"""engine/output/report.py: the one TickReport a core step returns, with the real model. Everything
 proc.py publishes, meters and traces is read from it."""
 
 from __future__ import annotations
 
 from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.report import RULE_ARRIVAL, RULE_TENANT, Cause
-from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.engine.output.report import RULE_ARRIVAL, RULE_TENANT, Cause
+from tinyserve.engine.runtime.runtime import LlamaRuntime
 
 from .conftest import core_config
 from .test_core import FRONTEND, PROMPT, Driver

@@ -1,11 +1,11 @@
-"""What free slots keep and which one a prompt takes (``engine/resident.py``)."""
+"""What free slots keep and which one a prompt takes (``engine/kv/resident.py``)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tinyserve.engine.resident import SlotPrefixes, common_start, runs
+from tinyserve.engine.kv.resident import SlotPrefixes, common_start, runs
 
 TOKENS = st.lists(st.integers(0, 3), max_size=12)
 

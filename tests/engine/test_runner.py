@@ -1,4 +1,4 @@
-"""The runner (``engine/runner.py``) with the real model: it writes the planned rows, decodes
+"""The runner (``engine/model/runner.py``) with the real model: it writes the planned rows, decodes
 once, and returns what each row computed, a row's failure included; it decides nothing."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from tinyserve import protocol as p
-from tinyserve.engine.runner import Row, Runner
-from tinyserve.engine.runtime import LlamaRuntime
-from tinyserve.engine.sequence import Sequence, SequenceStatus
+from tinyserve.engine.model.runner import Row, Runner
+from tinyserve.engine.request.sequence import Sequence, SequenceStatus
+from tinyserve.engine.runtime.runtime import LlamaRuntime
 from tinyserve.errors import RequestError
 
 FRONTEND = "f" * 32

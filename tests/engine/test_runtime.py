@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tinyserve.config import parse_args
-from tinyserve.engine import weights as weights_module
-from tinyserve.engine.runtime import LlamaRuntime, RuntimeSpec
-from tinyserve.engine.weights import cpu_has_amx, model_params, repack_weights
+from tinyserve.engine.runtime import weights as weights_module
+from tinyserve.engine.runtime.runtime import LlamaRuntime, RuntimeSpec
+from tinyserve.engine.runtime.weights import cpu_has_amx, model_params, repack_weights
 
 from .conftest import core_config
 

@@ -10,7 +10,7 @@ import llama_cpp
 
 from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.engine.runtime.runtime import LlamaRuntime
 
 from .conftest import core_config
 from .test_core import Driver

@@ -1,4 +1,4 @@
-"""The scheduler's decisions (``engine/scheduler.py``), through ``EngineCore`` over the
+"""The scheduler's decisions (``engine/scheduling/scheduler.py``), through ``EngineCore`` over the
 model-free ``FakeRuntime``: which rows a tick's batch holds and in what order, and when
 requests expire."""
 
@@ -13,7 +13,7 @@ from tests.engine.fake_runtime import FakeRuntime
 from tinyserve import protocol as p
 from tinyserve.config import build_config
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.report import Cause, TickReport
+from tinyserve.engine.output.report import Cause, TickReport
 
 FRONTEND = "f" * 32
 S = 1_000_000_000  # ns

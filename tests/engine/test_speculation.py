@@ -12,8 +12,7 @@ import pytest
 
 from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.runtime import LlamaRuntime
-from tinyserve.engine.speculation import (
+from tinyserve.engine.request.speculation import (
     CALIBRATION_ROWS,
     FIRST_PAUSE,
     MAX_PAUSE,
@@ -24,6 +23,7 @@ from tinyserve.engine.speculation import (
     Speculation,
     StepCost,
 )
+from tinyserve.engine.runtime.runtime import LlamaRuntime
 
 from .conftest import core_config
 from .test_core import Driver

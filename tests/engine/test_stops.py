@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tinyserve.engine.stops import StopMatcher
+from tinyserve.engine.request.stops import StopMatcher
 
 
 def run(stops: list[str], pieces: list[bytes]) -> tuple[bytes, bool]:

@@ -10,8 +10,8 @@ import pytest
 
 from tinyserve import protocol as p
 from tinyserve.engine.core import EngineCore
-from tinyserve.engine.runtime import LlamaRuntime
-from tinyserve.engine.timeline import Timeline
+from tinyserve.engine.request.timeline import Timeline
+from tinyserve.engine.runtime.runtime import LlamaRuntime
 
 from .conftest import core_config
 from .test_core import FRONTEND, Driver
@@ -156,12 +156,12 @@ def test_scheduling_decisions_are_logged_at_debug_level(
     driver = make(runtime, slots=1, policy="priority")
     submit(driver, "one", max_tokens=2)
     submit(driver, "two", max_tokens=2, priority=3)
-    with caplog.at_level(logging.INFO, logger="tinyserve.engine.timeline"):
+    with caplog.at_level(logging.INFO, logger="tinyserve.engine.request.timeline"):
         driver.run()
     assert not [r for r in caplog.records if r.getMessage() == "slot granted"]  # off at info
     submit(driver, "three", max_tokens=2)
     submit(driver, "four", max_tokens=2, priority=3)
-    with caplog.at_level(logging.DEBUG, logger="tinyserve.engine.timeline"):
+    with caplog.at_level(logging.DEBUG, logger="tinyserve.engine.request.timeline"):
         driver.run()
     grants = [r.fields for r in caplog.records if r.getMessage() == "slot granted"]
     assert [g["request_id"] for g in grants] == ["four", "three"]  # "four" has priority 3

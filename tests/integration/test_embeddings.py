@@ -15,7 +15,7 @@ import numpy as np
 import openai
 import pytest
 
-from tinyserve.engine.weights import model_params, repack_weights
+from tinyserve.engine.runtime.weights import model_params, repack_weights
 from tinyserve.model import resolve_model_path
 
 from .node import Node

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import requests
 
-from tinyserve.engine.weights import model_params, repack_weights
+from tinyserve.engine.runtime.weights import model_params, repack_weights
 from tinyserve.model import resolve_model_path
 
 from .node import Node
@@ -60,7 +60,7 @@ def model(node: Node) -> str:
 def reference() -> Iterator[llama_cpp.Llama]:
     """The same model file, run directly by llama-cpp-python with logits for every row."""
     # Llama() has no argument for it: its weights are loaded as the engine loads them
-    # (repacked or not, engine/runtime.py) through the defaults it starts from.
+    # (repacked or not, engine/runtime/runtime.py) through the defaults it starts from.
     with pytest.MonkeyPatch.context() as patch:
         engine_params = model_params(repack_weights("auto"))
         patch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", lambda: engine_params)

@@ -18,18 +18,19 @@ from contextlib import contextmanager
 
 from tinyserve import capacity
 from tinyserve.config import Config
-from tinyserve.engine import forks, prompt_logprobs
-from tinyserve.engine.deadline import overdue
-from tinyserve.engine.draft_model import DraftModel
-from tinyserve.engine.drafts import TickDrafts
-from tinyserve.engine.drain import DrainRate
-from tinyserve.engine.guessing import Guessing
-from tinyserve.engine.kv_space import KvSpace
-from tinyserve.engine.policies import Policy, make_policy
-from tinyserve.engine.report import Cause, Ended, Grant, Rejected
-from tinyserve.engine.runner import Computed, Outcome, Row, Runner, Sampled
-from tinyserve.engine.sequence import Sequence, SequenceStatus
-from tinyserve.engine.timeline import RecentTimelines, Timeline
+from tinyserve.engine.kv import forks
+from tinyserve.engine.kv.kv_space import KvSpace
+from tinyserve.engine.model.runner import Computed, Outcome, Row, Runner, Sampled
+from tinyserve.engine.output.drafts import TickDrafts
+from tinyserve.engine.output.report import Cause, Ended, Grant, Rejected
+from tinyserve.engine.request import prompt_logprobs
+from tinyserve.engine.request.sequence import Sequence, SequenceStatus
+from tinyserve.engine.request.timeline import RecentTimelines, Timeline
+from tinyserve.engine.scheduling.deadline import overdue
+from tinyserve.engine.scheduling.drain import DrainRate
+from tinyserve.engine.scheduling.policies import Policy, make_policy
+from tinyserve.engine.speculation.draft_model import DraftModel
+from tinyserve.engine.speculation.guessing import Guessing
 from tinyserve.errors import EngineFatalError, RequestError
 from tinyserve.logs import fields
 from tinyserve.protocol import (

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
-from tinyserve.engine.deadline import DeadlinePolicy
-from tinyserve.engine.heap_policy import FifoPolicy, HeapPolicy, PriorityPolicy
-from tinyserve.engine.sequence import Sequence
-from tinyserve.engine.srpt import DEFAULT_AGING, SrptPolicy
-from tinyserve.engine.wfq import WfqPolicy
+from tinyserve.engine.request.sequence import Sequence
+from tinyserve.engine.scheduling.deadline import DeadlinePolicy
+from tinyserve.engine.scheduling.heap_policy import FifoPolicy, HeapPolicy, PriorityPolicy
+from tinyserve.engine.scheduling.srpt import DEFAULT_AGING, SrptPolicy
+from tinyserve.engine.scheduling.wfq import WfqPolicy
 
 
 class Policy(Protocol):

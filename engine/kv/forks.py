@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tinyserve.engine.runtime import LlamaRuntime
-from tinyserve.engine.sequence import Sequence, SequenceStatus
+from tinyserve.engine.request.sequence import Sequence, SequenceStatus
+from tinyserve.engine.runtime.runtime import LlamaRuntime
 
 
 def follow(seq: Sequence, by_id: Mapping[str, Sequence]) -> None:

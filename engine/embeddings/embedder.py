@@ -36,12 +36,12 @@ import numpy.typing as npt
 
 from tinyserve import capacity
 from tinyserve.config import Config
-from tinyserve.engine.embed_queue import EMBED_SEQS, EmbedJob, EmbedQueue, Piece
-from tinyserve.engine.embed_share import EmbedShare
-from tinyserve.engine.report import EmbedBatch
-from tinyserve.engine.sequence import Sequence
-from tinyserve.engine.timeline import RecentTimelines
-from tinyserve.engine.weights import GpuSpec, load_model, repack_weights
+from tinyserve.engine.embeddings.embed_queue import EMBED_SEQS, EmbedJob, EmbedQueue, Piece
+from tinyserve.engine.embeddings.embed_share import EmbedShare
+from tinyserve.engine.output.report import EmbedBatch
+from tinyserve.engine.request.sequence import Sequence
+from tinyserve.engine.request.timeline import RecentTimelines
+from tinyserve.engine.runtime.weights import GpuSpec, load_model, repack_weights
 from tinyserve.errors import RequestError
 from tinyserve.logs import fields
 from tinyserve.model import resolve_model_path

@@ -29,8 +29,7 @@ import numpy as np
 
 from tinyserve import capacity
 from tinyserve.config import Config
-from tinyserve.engine import prompt_logprobs
-from tinyserve.engine.host_cache import (
+from tinyserve.engine.kv.host_cache import (
     MISS_NO_MATCH,
     MISS_SHORT,
     NO_HIT,
@@ -41,10 +40,11 @@ from tinyserve.engine.host_cache import (
     Hit,
     HostCache,
 )
-from tinyserve.engine.kv_state import Bytes, StateFormatError, StateLayout
-from tinyserve.engine.resident import SlotPrefixes
-from tinyserve.engine.runtime import LlamaRuntime
-from tinyserve.engine.sequence import Sequence
+from tinyserve.engine.kv.kv_state import Bytes, StateFormatError, StateLayout
+from tinyserve.engine.kv.resident import SlotPrefixes
+from tinyserve.engine.request import prompt_logprobs
+from tinyserve.engine.request.sequence import Sequence
+from tinyserve.engine.runtime.runtime import LlamaRuntime
 from tinyserve.logs import fields
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class KvSpace:
             self.runtime.forget(seq.slot)
             self.kept.keep(seq.slot, [])
             return
-        # Cells past its tokens: guesses of its last step (engine/speculation.py) that a
+        # Cells past its tokens: guesses of its last step (engine/request/speculation.py) that a
         # stop string or max_tokens left untaken.
         self.runtime.forget(seq.slot, seq.n_past)
         tokens = seq.kv_tokens()

@@ -19,9 +19,9 @@ import numpy as np
 import numpy.typing as npt
 
 from tinyserve.config import Config
-from tinyserve.engine.policies import make_policy
-from tinyserve.engine.sequence import Sequence, SequenceStatus
-from tinyserve.engine.timeline import RecentTimelines
+from tinyserve.engine.request.sequence import Sequence, SequenceStatus
+from tinyserve.engine.request.timeline import RecentTimelines
+from tinyserve.engine.scheduling.policies import make_policy
 from tinyserve.protocol import FINISH_STOP, Embed, Embedded, SamplingParams, Submit
 
 EMBED_SEQS = 32  # inputs in one embedding part at most: the context's sequences

@@ -9,8 +9,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
-from tinyserve.engine.report import RULE_ARRIVAL, RULE_PRIORITY
-from tinyserve.engine.sequence import Sequence, SequenceStatus
+from tinyserve.engine.output.report import RULE_ARRIVAL, RULE_PRIORITY
+from tinyserve.engine.request.sequence import Sequence, SequenceStatus
 
 
 class HeapPolicy:

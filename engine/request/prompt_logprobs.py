@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinyserve.engine.runtime import LlamaRuntime
-from tinyserve.engine.sequence import Sequence
+from tinyserve.engine.request.sequence import Sequence
+from tinyserve.engine.runtime.runtime import LlamaRuntime
 
 
 def wanted(seq: Sequence) -> bool:

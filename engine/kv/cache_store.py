@@ -35,10 +35,10 @@ from typing import Any
 import msgpack
 
 from tinyserve.config import Config
-from tinyserve.engine.host_cache import HostCache
-from tinyserve.engine.kv_space import KvSpace
-from tinyserve.engine.kv_state import StateLayout
-from tinyserve.engine.runtime import LlamaRuntime, llama_cpp_version
+from tinyserve.engine.kv.host_cache import HostCache
+from tinyserve.engine.kv.kv_space import KvSpace
+from tinyserve.engine.kv.kv_state import StateLayout
+from tinyserve.engine.runtime.runtime import LlamaRuntime, llama_cpp_version
 from tinyserve.logs import fields
 
 log = logging.getLogger(__name__)

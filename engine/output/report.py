@@ -9,8 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from tinyserve.engine.host_cache import CacheStats
-from tinyserve.engine.timeline import Timeline
+from tinyserve.engine.kv.host_cache import CacheStats
+from tinyserve.engine.request.timeline import Timeline
 from tinyserve.protocol import Embedded, RequestUpdate
 
 # How a policy chose the request that got a slot (``Grant.rule``).
@@ -84,7 +84,7 @@ class Load:
     blocks_total: int  # KV blocks of every slot's cells
     blocks_used: int  # of them, those running requests fill
     blocks_cached: int  # those free slots keep of their last request
-    drain_rate: float  # requests leaving per second of work (engine/drain.py)
+    drain_rate: float  # requests leaving per second of work (engine/scheduling/drain.py)
     embed_waiting: int = 0  # embedding requests queued, not yet in a part
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
-from tinyserve.engine.timeline import Timeline
+from tinyserve.engine.request.timeline import Timeline
 from tinyserve.protocol import (
     FINISH_DEADLINE_MISSED,
     FINISH_ERROR,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tinyserve.engine.kv_state import Bytes, StateLayout
+from tinyserve.engine.kv.kv_state import Bytes, StateLayout
 from tinyserve_native.kv_blocks import BlockAccountant
 from tinyserve_native.radix import RadixTree
 

@@ -1,7 +1,7 @@
 """The scheduler's side of speculation: which sequences guess, how many tokens each tick, and
-where the guesses come from (their own text, engine/speculation.py's lookup, or the draft
-model, engine/draft_model.py). What a guess is worth is learnt here too: ``StepCost`` hears
-the duration of every decode-only tick."""
+where the guesses come from (their own text, engine/request/speculation.py's lookup, or the
+draft model, engine/speculation/draft_model.py). What a guess is worth is learnt here too:
+``StepCost`` hears the duration of every decode-only tick."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import functools
 import time
 from collections.abc import Callable
 
-from tinyserve.engine.draft_model import Ask, DraftModel
-from tinyserve.engine.sequence import Sequence
-from tinyserve.engine.speculation import CALIBRATION_ROWS, Speculation, StepCost
+from tinyserve.engine.request.sequence import Sequence
+from tinyserve.engine.request.speculation import CALIBRATION_ROWS, Speculation, StepCost
+from tinyserve.engine.speculation.draft_model import Ask, DraftModel
 
 
 class Guessing:
@@ -32,7 +32,7 @@ class Guessing:
         self.draft_model = draft_model  # guesses from a smaller model, else from the text
         self.step_cost = StepCost()
         self._decode_only_since = 0  # the end of the last tick, when it decoded only
-        # What a decode of the draft model costs (engine/draft_model.py), fitted as the
+        # What a decode of the draft model costs (engine/speculation/draft_model.py), fitted as the
         # target's is from a calibration; and its seconds in the current tick, a guess's
         # cost beside its row, not a step's.
         self.draft_cost = StepCost()

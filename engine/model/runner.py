@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tinyserve.engine import prompt_logprobs
-from tinyserve.engine.report import Batch
-from tinyserve.engine.runtime import LlamaRuntime
-from tinyserve.engine.sampler import Sampler
-from tinyserve.engine.sequence import Sequence, SequenceStatus
+from tinyserve.engine.output.report import Batch
+from tinyserve.engine.request import prompt_logprobs
+from tinyserve.engine.request.sequence import Sequence, SequenceStatus
+from tinyserve.engine.runtime.runtime import LlamaRuntime
+from tinyserve.engine.runtime.sampler import Sampler
 
 log = logging.getLogger(__name__)
 

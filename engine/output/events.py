@@ -19,9 +19,9 @@ from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from typing import Any
 
-from tinyserve.engine.report import Load, TickReport
-from tinyserve.engine.sequence import Sequence, SequenceStatus
-from tinyserve.engine.timeline import Timeline
+from tinyserve.engine.output.report import Load, TickReport
+from tinyserve.engine.request.sequence import Sequence, SequenceStatus
+from tinyserve.engine.request.timeline import Timeline
 from tinyserve.feed_protocol import FeedUpdate
 
 INTERVAL_NS = 100_000_000  # at most 10 updates a second

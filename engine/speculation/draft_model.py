@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from tinyserve.engine.resident import common_start
-from tinyserve.engine.runner import time_rows
-from tinyserve.engine.runtime import LlamaRuntime
+from tinyserve.engine.kv.resident import common_start
+from tinyserve.engine.model.runner import time_rows
+from tinyserve.engine.runtime.runtime import LlamaRuntime
 from tinyserve.errors import EngineFatalError
 
 log = logging.getLogger(__name__)

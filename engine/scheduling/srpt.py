@@ -16,9 +16,9 @@ short ones.
 
 from __future__ import annotations
 
-from tinyserve.engine.heap_policy import HeapPolicy
-from tinyserve.engine.report import RULE_WORK
-from tinyserve.engine.sequence import Sequence
+from tinyserve.engine.output.report import RULE_WORK
+from tinyserve.engine.request.sequence import Sequence
+from tinyserve.engine.scheduling.heap_policy import HeapPolicy
 
 DEFAULT_AGING = 100.0  # tokens of work forgiven per second waited
 

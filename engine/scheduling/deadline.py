@@ -13,9 +13,9 @@ waiting one is never granted a slot; a running one keeps the tokens it already s
 
 from __future__ import annotations
 
-from tinyserve.engine.heap_policy import HeapPolicy
-from tinyserve.engine.report import RULE_DEADLINE, Cause
-from tinyserve.engine.sequence import Sequence, SequenceStatus
+from tinyserve.engine.output.report import RULE_DEADLINE, Cause
+from tinyserve.engine.request.sequence import Sequence, SequenceStatus
+from tinyserve.engine.scheduling.heap_policy import HeapPolicy
 from tinyserve.protocol import (
     FINISH_DEADLINE_MISSED,
     FINISH_QUEUE_TIMEOUT,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from tinyserve.engine.speculation import Speculation
-from tinyserve.engine.stops import StopMatcher
-from tinyserve.engine.timeline import Timeline
+from tinyserve.engine.request.speculation import Speculation
+from tinyserve.engine.request.stops import StopMatcher
+from tinyserve.engine.request.timeline import Timeline
 from tinyserve.protocol import Submit
 
 
@@ -34,11 +34,11 @@ class Sequence:
     stops: StopMatcher = field(init=False)
     timeline: Timeline = field(init=False)
     policy_name: str = ""
-    # n > 1 (engine/forks.py): the choice whose prefill this one waits to copy, and the
+    # n > 1 (engine/kv/forks.py): the choice whose prefill this one waits to copy, and the
     # choices waiting on this one's.
     leader: Sequence | None = None
     followers: list[Sequence] = field(default_factory=list)
-    spec: Speculation | None = None  # its guessing, once it decodes (engine/speculation.py)
+    spec: Speculation | None = None  # its guessing, once it decodes (engine/request/speculation.py)
 
     def __post_init__(self) -> None:
         self.stops = StopMatcher(self.request.sampling.stop)

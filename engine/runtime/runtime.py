@@ -18,8 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from tinyserve.config import Config
-from tinyserve.engine.sampler import Sampler, Vocab
-from tinyserve.engine.weights import GpuSpec, check_gpu, load_model, repack_weights
+from tinyserve.engine.runtime.sampler import Sampler, Vocab
+from tinyserve.engine.runtime.weights import GpuSpec, check_gpu, load_model, repack_weights
 from tinyserve.errors import EngineFatalError, RequestError
 from tinyserve.model import resolve_model_path
 from tinyserve.options import DEFAULT_CTX_FLOOR, DEFAULT_CTX_MEMORY_SHARE

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinyserve.engine.host_cache import CacheStats
-from tinyserve.engine.report import (
+from tinyserve.engine.kv.host_cache import CacheStats
+from tinyserve.engine.output.report import (
     Batch,
     EmbedBatch,
     Ended,

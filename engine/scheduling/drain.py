@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from tinyserve.engine.sequence import Sequence
+from tinyserve.engine.request.sequence import Sequence
 
 WINDOW_S = 10.0
 MIN_SPAN_S = 1.0  # a first finish moments into the work is not a rate of hundreds a second

@@ -15,8 +15,8 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from tinyserve.engine.report import RULE_TENANT
-from tinyserve.engine.sequence import Sequence, SequenceStatus
+from tinyserve.engine.output.report import RULE_TENANT
+from tinyserve.engine.request.sequence import Sequence, SequenceStatus
 
 
 @dataclass

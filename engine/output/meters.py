@@ -12,8 +12,15 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from tinyserve.engine.host_cache import CacheStats
-from tinyserve.engine.report import RULE_PRIORITY, RULE_TENANT, Cause, Grant, Load, TickReport
+from tinyserve.engine.kv.host_cache import CacheStats
+from tinyserve.engine.output.report import (
+    RULE_PRIORITY,
+    RULE_TENANT,
+    Cause,
+    Grant,
+    Load,
+    TickReport,
+)
 from tinyserve.metrics import Metrics
 from tinyserve.protocol import FINISH_REJECTED
 
