@@ -51,10 +51,11 @@ from tinyserve.frontend.models.anthropic_replies import (
     ThinkingDelta,
     ToolUseContent,
 )
+from tinyserve.frontend.models.chat import FinishReason
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import ApiError
-from tinyserve.frontend.models.openai_replies import FinishReason, ToolCall
 from tinyserve.frontend.models.progress import PromptProgress
+from tinyserve.frontend.models.tools import ToolCall
 from tinyserve.frontend.openai.chat_output import ChatEvents, collect_ending
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import sse_event, write_sse

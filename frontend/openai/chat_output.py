@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.streams import RequestStream, text_of
+from tinyserve.frontend.models.chat import FinishReason
 from tinyserve.frontend.models.errors import ApiError, internal_error
-from tinyserve.frontend.models.openai_replies import FinishReason, ToolCall
 from tinyserve.frontend.models.progress import PromptProgress
+from tinyserve.frontend.models.tools import ToolCall
 from tinyserve.frontend.openai.openai_stream import finish_reason, openai_error
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import collect, progress_of

@@ -18,10 +18,10 @@ from typing import Any
 from aiohttp import web
 
 from tinyserve.config import Config
-from tinyserve.frontend.models.chat import ChatCompletionRequest
+from tinyserve.frontend.models.chat import ChatCompletionRequest, OpenAIRequest
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.openai_replies import Model, ModelList
-from tinyserve.frontend.models.openai_requests import CompletionRequest, OpenAIRequest
+from tinyserve.frontend.models.openai_requests import CompletionRequest
 from tinyserve.frontend.models.parse import read_body
 from tinyserve.frontend.openai import choices
 from tinyserve.frontend.openai.openai_reply import OpenAIReply

@@ -19,6 +19,7 @@ from typing import Any
 from tinyserve import protocol
 from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.streams import text_of
+from tinyserve.frontend.models.chat import FinishReason
 from tinyserve.frontend.models.common import to_json
 from tinyserve.frontend.models.errors import ApiError, internal_error
 from tinyserve.frontend.models.openai_replies import (
@@ -27,7 +28,6 @@ from tinyserve.frontend.models.openai_replies import (
     ChatDelta,
     CompletionChunk,
     CompletionChunkChoice,
-    FinishReason,
     ToolCallDelta,
     Usage,
 )

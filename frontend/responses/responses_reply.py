@@ -26,7 +26,6 @@ from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.streams import RequestStream
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import ApiError
-from tinyserve.frontend.models.openai_replies import ToolCall
 from tinyserve.frontend.models.progress import PromptProgress
 from tinyserve.frontend.models.responses_replies import (
     ArgumentsDelta,
@@ -54,6 +53,7 @@ from tinyserve.frontend.models.responses_replies import (
     ResponsesUsage,
 )
 from tinyserve.frontend.models.responses_requests import FunctionChoice, ResponsesRequest
+from tinyserve.frontend.models.tools import ToolCall
 from tinyserve.frontend.openai.chat_output import ChatEvents, Ending, collect_ending
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.record import RequestRecord
