@@ -27,9 +27,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from tinyserve import protocol
-from tinyserve.frontend.link.board_view import NodeLoad
-from tinyserve.frontend.link.streams import RequestStream
-from tinyserve.frontend.models.anthropic_replies import (
+from tinyserve.frontend.anthropic.anthropic_replies import (
     AnthropicMessage,
     AnthropicUsage,
     ContentBlock,
@@ -51,6 +49,8 @@ from tinyserve.frontend.models.anthropic_replies import (
     ThinkingDelta,
     ToolUseContent,
 )
+from tinyserve.frontend.link.board_view import NodeLoad
+from tinyserve.frontend.link.streams import RequestStream
 from tinyserve.frontend.models.chat import FinishReason
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import ApiError

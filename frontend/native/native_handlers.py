@@ -14,8 +14,8 @@ from aiohttp import web
 
 from tinyserve.config import Config
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.native import GenerateRequest, HealthReply
 from tinyserve.frontend.models.parse import read_body
+from tinyserve.frontend.native.native_bodies import GenerateRequest, HealthReply
 from tinyserve.frontend.native.native_reply import native_reply
 from tinyserve.frontend.request import admission, pipeline
 from tinyserve.frontend.request.generation import Generation, constrained, resolved

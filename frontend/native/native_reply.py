@@ -3,7 +3,7 @@
 JSON: ``GenerateReply``; SSE: a ``GenerateDelta`` per non-empty text delta (and, with
 ``return_progress``, a ``GenerateProgress`` as the prompt's prefill goes), then exactly one
 final event, a ``GenerateReply`` with empty text or, on failure, a ``GenerateFailure``
-(``models.native``). The final object carries the timeline when the client asked for it.
+(``native_bodies``). The final object carries the timeline when the client asked for it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tinyserve.frontend.link.engine_link import EngineLink
 from tinyserve.frontend.link.streams import RequestStream, text_of
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import internal_error
-from tinyserve.frontend.models.native import (
+from tinyserve.frontend.native.native_bodies import (
     GenerateDelta,
     GenerateFailure,
     GenerateProgress,

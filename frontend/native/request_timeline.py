@@ -14,7 +14,7 @@ from aiohttp import web
 from tinyserve.frontend.link.engine_client import EngineUnreachable
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import NOT_FOUND, ApiError
-from tinyserve.frontend.models.native import RequestTimeline
+from tinyserve.frontend.native.native_bodies import RequestTimeline
 from tinyserve.frontend.openai.openai_stream import CHAT, COMPLETIONS
 from tinyserve.frontend.request.admission import no_engine, serving
 from tinyserve.frontend.request.state import CLIENT, LINK

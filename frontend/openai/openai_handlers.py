@@ -1,7 +1,7 @@
 """OpenAI-compatible routes: ``GET /v1/models`` (and ``/v1/models/{model}``),
 ``POST /v1/completions``, ``POST /v1/chat/completions``.
 
-Each parses its body into its model (``models.openai_requests``, ``models.chat``), checks the
+Each parses its body into its model (``openai_requests``, ``models.chat``), checks the
 model id against the one the engine serves, translates it into a ``Generation`` (the
 serve-side sampling defaults for the fields it left out; for chat, the conversation rendered
 with the model's chat template, and how its reply is read), and runs the same pipeline as
@@ -20,11 +20,11 @@ from aiohttp import web
 from tinyserve.config import Config
 from tinyserve.frontend.models.chat import ChatCompletionRequest, OpenAIRequest
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.openai_replies import Model, ModelList
-from tinyserve.frontend.models.openai_requests import CompletionRequest
 from tinyserve.frontend.models.parse import read_body
 from tinyserve.frontend.openai import choices
+from tinyserve.frontend.openai.openai_replies import Model, ModelList
 from tinyserve.frontend.openai.openai_reply import OpenAIReply
+from tinyserve.frontend.openai.openai_requests import CompletionRequest
 from tinyserve.frontend.openai.openai_stream import CHAT, COMPLETIONS, Surface
 from tinyserve.frontend.prompt import conversation
 from tinyserve.frontend.prompt.chat_template import ChatPrompt

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
-from tinyserve.frontend.models.openai_replies import (
+from tinyserve.frontend.openai.openai_replies import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,

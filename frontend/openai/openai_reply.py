@@ -1,5 +1,5 @@
 """OpenAI-format replies (completions and chat): the ``Reply`` of one request, and a whole
-reply's JSON (``Completion`` / ``ChatCompletion``, ``models.openai_replies``); a stream's
+reply's JSON (``Completion`` / ``ChatCompletion``, ``openai_replies``); a stream's
 chunks are ``openai_stream``'s.
 
 Finish reasons: ``stop`` and ``length`` as they are; ``timeout`` (request time limit),
@@ -18,19 +18,19 @@ from aiohttp import web
 from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.streams import RequestStream, text_of
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.openai_replies import (
+from tinyserve.frontend.openai.openai_logprobs import (
+    TokenLogprob,
+    chat_logprobs,
+    completion_logprobs,
+    echo_logprobs,
+)
+from tinyserve.frontend.openai.openai_replies import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,
     Completion,
     CompletionChoice,
     Usage,
-)
-from tinyserve.frontend.openai.openai_logprobs import (
-    TokenLogprob,
-    chat_logprobs,
-    completion_logprobs,
-    echo_logprobs,
 )
 from tinyserve.frontend.openai.openai_stream import (
     OpenAIFormat,

@@ -22,7 +22,13 @@ from tinyserve.frontend.link.streams import text_of
 from tinyserve.frontend.models.chat import FinishReason
 from tinyserve.frontend.models.common import to_json
 from tinyserve.frontend.models.errors import ApiError, internal_error
-from tinyserve.frontend.models.openai_replies import (
+from tinyserve.frontend.openai.openai_logprobs import (
+    TokenLogprob,
+    chat_logprobs,
+    completion_logprobs,
+    token_logprobs,
+)
+from tinyserve.frontend.openai.openai_replies import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,
@@ -30,12 +36,6 @@ from tinyserve.frontend.models.openai_replies import (
     CompletionChunkChoice,
     ToolCallDelta,
     Usage,
-)
-from tinyserve.frontend.openai.openai_logprobs import (
-    TokenLogprob,
-    chat_logprobs,
-    completion_logprobs,
-    token_logprobs,
 )
 from tinyserve.frontend.prompt.tokenizer import Tokenizer
 from tinyserve.frontend.request.admission import ending_error

@@ -1,5 +1,5 @@
 """OpenAI-format reply bodies: completions and chat (whole and as stream chunks), the model
-list (errors: ``errors``).
+list (errors: ``models.errors``).
 
 A stream chunk's ``usage`` is sent (null but on the last chunk) only when the request asked
 for ``stream_options.include_usage``: the reply leaves the field out otherwise. A chat delta
