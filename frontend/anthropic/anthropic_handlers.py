@@ -16,9 +16,9 @@ from aiohttp import web
 from tinyserve.frontend.anthropic.anthropic_replies import TokenCount
 from tinyserve.frontend.anthropic.anthropic_reply import AnthropicReply
 from tinyserve.frontend.anthropic.anthropic_requests import CountTokensRequest, MessagesRequest
+from tinyserve.frontend.chat.chat_generation import chat_generation, served_model
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.parse import read_body
-from tinyserve.frontend.openai.openai_handlers import chat_generation, served_model
 from tinyserve.frontend.prompt import conversation
 from tinyserve.frontend.request import pipeline
 from tinyserve.frontend.request.state import CHAT_TEMPLATE, CONFIG, TOKENIZER

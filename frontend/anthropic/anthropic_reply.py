@@ -49,6 +49,7 @@ from tinyserve.frontend.anthropic.anthropic_replies import (
     ThinkingDelta,
     ToolUseContent,
 )
+from tinyserve.frontend.chat.chat_output import ChatEvents, collect_ending
 from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.streams import RequestStream
 from tinyserve.frontend.models.chat import FinishReason
@@ -56,7 +57,6 @@ from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import ApiError
 from tinyserve.frontend.models.progress import PromptProgress
 from tinyserve.frontend.models.tools import ToolCall
-from tinyserve.frontend.openai.chat_output import ChatEvents, collect_ending
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import sse_event, write_sse
 from tinyserve.frontend.request.state import LINK

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from tinyserve.frontend.chat.logprobs import finite
 from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.engine_link import EngineLink
 from tinyserve.frontend.link.streams import RequestStream, text_of
@@ -27,7 +28,6 @@ from tinyserve.frontend.native.native_bodies import (
     NativeUsage,
     PromptTokenLogprob,
 )
-from tinyserve.frontend.openai.openai_logprobs import finite
 from tinyserve.frontend.request.admission import ending_error
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import (

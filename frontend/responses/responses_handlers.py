@@ -14,8 +14,8 @@ import dataclasses
 
 from aiohttp import web
 
+from tinyserve.frontend.chat.chat_generation import chat_generation, served_model
 from tinyserve.frontend.models.parse import read_body
-from tinyserve.frontend.openai.openai_handlers import chat_generation, served_model
 from tinyserve.frontend.request import pipeline
 from tinyserve.frontend.request.state import CONFIG
 from tinyserve.frontend.responses.responses_reply import ResponsesReply

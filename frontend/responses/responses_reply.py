@@ -22,13 +22,13 @@ from typing import Any
 
 from aiohttp import web
 
+from tinyserve.frontend.chat.chat_output import ChatEvents, Ending, collect_ending
 from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.streams import RequestStream
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import ApiError
 from tinyserve.frontend.models.progress import PromptProgress
 from tinyserve.frontend.models.tools import ToolCall
-from tinyserve.frontend.openai.chat_output import ChatEvents, Ending, collect_ending
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import sse_event, write_sse
