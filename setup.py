@@ -33,6 +33,7 @@ setup(
         "tinyserve.engine.speculation",
         "tinyserve.frontend",
         "tinyserve.frontend.anthropic",
+        "tinyserve.frontend.chat",
         "tinyserve.frontend.dashboard",
         "tinyserve.frontend.dashboard.static",  # data only: listed so setuptools ships it
         "tinyserve.frontend.embeddings",

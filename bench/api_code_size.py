@@ -44,12 +44,13 @@ MODELS = (
     F + "generation.py",
 )  # fmt: skip
 NEW_FEATURES = (
-    M + "response_format.py", M + "tokenize.py", M + "tools.py", F + "openai/choices.py",
+    M + "response_format.py", F + "tokenize/tokenize_bodies.py", M + "tools.py",
+    F + "openai/choices.py",
 )  # fmt: skip
 NOW = (
-    M + "chat.py", M + "common.py", M + "errors.py", M + "fields.py", M + "native.py",
-    M + "openai_reply_bodies.py", M + "openai_requests.py", M + "parse.py",
-    F + "http/openapi_document.py", F + "request/reply_common.py", F + "native/native_reply.py",
+    M + "chat.py", M + "common.py", M + "errors.py", M + "fields.py", F + "native/native_bodies.py",
+    F + "openai/openai_replies.py", F + "openai/openai_requests.py", M + "parse.py",
+    F + "http/openapi_document.py", F + "request/sse.py", F + "native/native_reply.py",
     F + "openai/openai_reply.py", F + "native/request_timeline.py", F + "request/generation.py",
     *NEW_FEATURES,
 )  # fmt: skip

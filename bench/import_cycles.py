@@ -1,4 +1,5 @@
-"""Import cycles between our modules and between our folders: layers must only look down.
+"""Import cycles between our modules and between our folders: layers must only look down;
+and no frontend surface importing another.
 
 Reads every ``.py`` file of the package with ``ast`` (imports inside functions and under
 ``TYPE_CHECKING`` count: a cycle hidden in a function is still a cycle), names each file as
@@ -6,7 +7,9 @@ the editable install does (``setup.py``'s ``package_dir``: ``engine/`` is
 ``tinyserve.engine``, ``frontend/`` is ``tinyserve.frontend``), and resolves ``from a.b import
 c`` to the module ``a.b.c`` when that is one of ours, else to ``a.b``. A folder is a package;
 a module's imports are its folder's. Prints every strongly connected group of more than one
-module, then of folders; exits 1 if there is any (``make lint`` runs it).
+module, then of folders, then every import from one surface's folder (``SURFACES``) into
+another's: each surface is a codec over the layers below it (``chat``, ``request``, ...), so
+what two surfaces share belongs there. Exits 1 if there is any (``make lint`` runs it).
 
     .venv/bin/python bench/import_cycles.py [--verbose]
 """
@@ -27,6 +30,11 @@ PACKAGE_DIRS = {
     "tinyserve.frontend": ROOT / "frontend",
     "tinyserve_native": ROOT / "tinyserve_native",
 }
+
+# The frontend's API surfaces: folders of tinyserve.frontend that must not import each other.
+SURFACES = frozenset(
+    {"anthropic", "responses", "openai", "native", "embeddings", "tokenize", "dashboard"}
+)
 
 Graph = dict[str, set[str]]
 
@@ -131,6 +139,24 @@ def cycles(graph: Graph) -> list[list[str]]:
     return groups
 
 
+def surface_of(module: str) -> str | None:
+    """The surface whose folder ``module`` lies in, if it lies in one."""
+    parts = module.split(".")
+    if parts[:2] == ["tinyserve", "frontend"] and len(parts) > 2 and parts[2] in SURFACES:
+        return parts[2]
+    return None
+
+
+def surface_crossings(graph: Graph) -> list[tuple[str, str]]:
+    """Every import (importer, imported) from one surface's folder into another's."""
+    return sorted(
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if surface_of(name) is not None and surface_of(target) not in (None, surface_of(name))
+    )
+
+
 def show(title: str, groups: Iterable[list[str]], graph: Graph, verbose: bool) -> int:
     groups = list(groups)
     print(f"{title}: {len(groups)}")
@@ -152,7 +178,11 @@ def main() -> None:
     folders = folder_graph(graph)
     found = show("module cycles", cycles(graph), graph, args.verbose)
     found += show("folder cycles", cycles(folders), folders, args.verbose)
-    sys.exit(1 if found else 0)
+    crossings = surface_crossings(graph)
+    print(f"imports from one surface into another: {len(crossings)}")
+    for name, target in crossings:
+        print(f"  {name} -> {target}")
+    sys.exit(1 if found or crossings else 0)
 
 
 if __name__ == "__main__":

@@ -41,9 +41,9 @@ if VERSION == "old":
     }
 else:
     from tinyserve.frontend.models.chat import ChatCompletionRequest
-    from tinyserve.frontend.models.native import GenerateRequest
-    from tinyserve.frontend.models.openai_requests import CompletionRequest
     from tinyserve.frontend.models.parse import parse_body
+    from tinyserve.frontend.native.native_bodies import GenerateRequest
+    from tinyserve.frontend.openai.openai_requests import CompletionRequest
 
     def chat(b):
         req = parse_body(b, ChatCompletionRequest)

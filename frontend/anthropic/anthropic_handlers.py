@@ -1,7 +1,7 @@
 """Anthropic's Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
 
 A request is translated into the equivalent chat completion request
-(``models.anthropic_requests``) and served by the same path as ``/v1/chat/completions``:
+(``anthropic_requests``) and served by the same path as ``/v1/chat/completions``:
 the chat template, tool prompts and grammars, structured output, sampling defaults,
 admission, tenants and priorities, the pipeline; only the reply is Anthropic's
 (``anthropic_reply``), with the model's thinking in thinking blocks. Errors take Anthropic's
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from tinyserve.frontend.anthropic.anthropic_replies import TokenCount
 from tinyserve.frontend.anthropic.anthropic_reply import AnthropicReply
-from tinyserve.frontend.models.anthropic_replies import TokenCount
-from tinyserve.frontend.models.anthropic_requests import CountTokensRequest, MessagesRequest
+from tinyserve.frontend.anthropic.anthropic_requests import CountTokensRequest, MessagesRequest
+from tinyserve.frontend.chat.chat_generation import chat_generation, served_model
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.parse import read_body
-from tinyserve.frontend.openai.openai_handlers import chat_generation, served_model
 from tinyserve.frontend.prompt import conversation
 from tinyserve.frontend.request import pipeline
 from tinyserve.frontend.request.state import CHAT_TEMPLATE, CONFIG, TOKENIZER

@@ -27,9 +27,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from tinyserve import protocol
-from tinyserve.frontend.link.board_view import NodeLoad
-from tinyserve.frontend.link.streams import RequestStream
-from tinyserve.frontend.models.anthropic_replies import (
+from tinyserve.frontend.anthropic.anthropic_replies import (
     AnthropicMessage,
     AnthropicUsage,
     ContentBlock,
@@ -51,11 +49,14 @@ from tinyserve.frontend.models.anthropic_replies import (
     ThinkingDelta,
     ToolUseContent,
 )
+from tinyserve.frontend.chat.chat_output import ChatEvents, collect_ending
+from tinyserve.frontend.link.board_view import NodeLoad
+from tinyserve.frontend.link.streams import RequestStream
+from tinyserve.frontend.models.chat import FinishReason
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import ApiError
-from tinyserve.frontend.models.openai_replies import FinishReason, ToolCall
 from tinyserve.frontend.models.progress import PromptProgress
-from tinyserve.frontend.openai.chat_output import ChatEvents, collect_ending
+from tinyserve.frontend.models.tools import ToolCall
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import sse_event, write_sse
 from tinyserve.frontend.request.state import LINK

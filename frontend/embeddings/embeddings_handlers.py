@@ -14,15 +14,15 @@ import numpy as np
 from aiohttp import web
 
 from tinyserve import protocol
-from tinyserve.frontend.link.engine_client import EngineUnreachable
-from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.embeddings import (
+from tinyserve.frontend.embeddings.embeddings_bodies import (
     MAX_INPUTS,
     Embedding,
     EmbeddingsReply,
     EmbeddingsRequest,
     EmbeddingsUsage,
 )
+from tinyserve.frontend.link.engine_client import EngineUnreachable
+from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     ENGINE_ERROR,

@@ -1,8 +1,9 @@
 """The OpenAPI 3.1 document of the whole HTTP surface, served at ``GET /openapi.json``.
 
-``OPERATIONS`` lists every route with the models of its bodies (``models``), whose JSON
-Schemas are the document's components; a test checks it against ``app.router``, so a route
-added without a description here fails the suite.
+``OPERATIONS`` lists every route with the models of its bodies (each surface's own, in its
+folder, and the shared ones of ``models``), whose JSON Schemas are the document's components;
+a test checks it against ``app.router``, so a route added without a description here fails
+the suite.
 """
 
 from __future__ import annotations
@@ -24,22 +25,17 @@ from pydantic.json_schema import (
 )
 from pydantic_core import core_schema
 
+from tinyserve.frontend.anthropic import anthropic_replies, anthropic_requests
+from tinyserve.frontend.dashboard import feed
+from tinyserve.frontend.embeddings import embeddings_bodies as embeddings
 from tinyserve.frontend.http.auth import is_open
-from tinyserve.frontend.models import (
-    anthropic_replies,
-    anthropic_requests,
-    chat,
-    embeddings,
-    feed,
-    native,
-    openai_replies,
-    openai_requests,
-    responses_replies,
-    responses_requests,
-    tokenize,
-)
+from tinyserve.frontend.models import chat
 from tinyserve.frontend.models.common import IgnoredItem
 from tinyserve.frontend.models.errors import AnthropicError, Error, OpenAIError
+from tinyserve.frontend.native import native_bodies as native
+from tinyserve.frontend.openai import openai_replies, openai_requests
+from tinyserve.frontend.responses import responses_replies, responses_requests
+from tinyserve.frontend.tokenize import tokenize_bodies as tokenize
 
 OPENAPI_VERSION = "3.1.0"
 BEARER = "bearer"  # the security schemes of the API keys: a bearer token, or x-api-key

@@ -1,9 +1,12 @@
-"""The HTTP API declared once: request and reply bodies of every route as pydantic models.
+"""The HTTP API declared once: what every surface's request and reply bodies are made of.
 
-Validation (and its 400 messages naming the field), the OpenAPI document and the replies all
-derive from these declarations: ``common`` holds the rules every body follows and the field
-types the surfaces share, ``native``, ``openai_requests`` / ``openai_reply_bodies``,
-``responses_requests`` / ``responses_replies`` and ``anthropic_requests`` /
-``anthropic_replies`` the bodies (the last two surfaces translated into chat requests by
-``translated``), ``parse`` turns request bytes into a model or a 400.
+Each surface declares its own bodies as pydantic models in its folder (``native/``,
+``openai/``, ``responses/``, ``anthropic/``, ``tokenize/``, ``embeddings/``, ``dashboard/``);
+validation (and its 400 messages naming the field), the OpenAPI document and the replies all
+derive from them. Here is what they share: ``common`` holds the rules every body follows,
+``fields`` the field types the surfaces share, ``chat`` the conversation request that every
+surface speaking in conversations is translated into (``translated``: what the Messages and
+Responses requests share for it), with ``tools`` and ``response_format`` its nested objects,
+``progress`` the prefill's progress, ``errors`` ``ApiError`` and the three error shapes, and
+``parse`` turns request bytes into a model or a 400.
 """

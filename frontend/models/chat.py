@@ -1,4 +1,17 @@
-"""``POST /v1/chat/completions``: the request body and its messages.
+"""``POST /v1/chat/completions``: the request body and its messages, the conversation that
+every surface speaking in conversations is translated into (``translated``: the Messages and
+Responses requests) and that ``prompt`` renders and ``structured`` constrains; with
+``OpenAIRequest``, the fields it shares with ``/v1/completions``, and ``FinishReason``, why a
+reply to it ended.
+
+Every field of OpenAI's request schemas is one of: supported (declared with its type);
+accepted silently (bookkeeping or hints for OpenAI's own service that cannot change the
+output, declared ``Any`` and ``IGNORED``); a feature this server lacks, accepted, ignored and
+reported (``Ignored``), or refused where the reply would not do without it (``OnlyDefault``);
+anything else is unknown, and ignored and reported too. ``null`` means the default for every
+known field. Extensions: ``priority``, ``tenant``, ``top_k``, ``ignore_eos``, ``grammar``
+(as llama.cpp's server takes it; not with a ``response_format`` other than text), and for
+chat ``add_generation_prompt`` / ``continue_final_message``.
 
 Roles: system, user, assistant, tool, and ``developer`` (OpenAI's newer name for system)
 taken as system. Content: a string, or a list of text parts joined by newlines; parts of other
@@ -20,6 +33,7 @@ from tinyserve.frontend.models.common import (
     Body,
     Ignored,
     IgnoredItem,
+    Integer,
     OnlyDefault,
     Request,
     Text,
@@ -27,9 +41,88 @@ from tinyserve.frontend.models.common import (
     open_by_type,
     schema_rule,
 )
-from tinyserve.frontend.models.fields import OutputLength
-from tinyserve.frontend.models.openai_requests import STREAM_RULE, LogprobCount, OpenAIRequest
+from tinyserve.frontend.models.fields import (
+    DEFAULT_TEMPERATURE,
+    MAX_TOKENS_TEXT,
+    LogprobCount,
+    ModelId,
+    OutputLength,
+    Sampling,
+    Temperature,
+)
+from tinyserve.frontend.models.response_format import ResponseFormat
 from tinyserve.frontend.models.tools import NamedToolChoice, Tool, ToolCallIn, ToolChoice
+
+# Why a reply ended, as the reply parser decides it for every surface that speaks in
+# conversations (each says it in its own words): it stopped, its length cut it, it calls tools.
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+# -- the fields both OpenAI generation requests take -----------------------------------------------
+
+MAX_CHOICES = 16  # n, and prompts x n on /v1/completions
+ChoiceCount = Annotated[int, Integer(1, MAX_CHOICES)]
+
+
+class StreamOptions(Body):
+    include_usage: bool | None = Field(None, description="end the stream with a usage chunk")
+    include_obfuscation: bool | None = Field(None, description=IGNORED)
+
+
+# As OpenAI does: stream_options only with a stream.
+STREAM_RULE = schema_rule("stream_options", {"type": "object"}, {"stream": {"const": True}})
+
+
+class OpenAIRequest(Sampling):
+    """The fields both OpenAI generation requests take."""
+
+    model_config = ConfigDict(json_schema_extra=STREAM_RULE)
+
+    model: ModelId = Field(description="the id GET /v1/models lists")
+    max_tokens: OutputLength = Field(None, description=MAX_TOKENS_TEXT)
+    temperature: Temperature = Field(DEFAULT_TEMPERATURE, description="0 is greedy")
+    n: ChoiceCount = Field(
+        1,
+        description="choices per prompt: the prompt is prefilled once and its KV shared; "
+        "with a seed, choice i samples with seed + i",
+    )
+    stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = Field(
+        None, description="text, any JSON object, or JSON following a schema (enforced)"
+    )
+    grammar: Text = Field(
+        "",
+        description="GBNF grammar the output follows (root rule: root); not with a "
+        "response_format other than text, nor for chat with a tool_choice other than auto "
+        "or none (it replaces the tools' grammar of auto)",
+    )
+    user: Text = Field(
+        "",
+        description="end user; the scheduling tenant unless 'tenant' is given "
+        "(as is when a valid tenant name, else hashed)",
+    )
+
+    @model_validator(mode="after")
+    def _stream_options_need_a_stream(self) -> Self:
+        if self.stream_options is not None and not self.stream:
+            message = "'stream_options' is only allowed with 'stream': true"
+            raise cross_field("stream_options", message)
+        if self.grammar and not self.text_format:
+            message = "'grammar' excludes a 'response_format' other than text"
+            raise cross_field("grammar", message)
+        return self
+
+    @property
+    def text_format(self) -> bool:
+        """``response_format`` leaves the output free (absent, or text)."""
+        return self.response_format is None or self.response_format.type == "text"
+
+    @property
+    def include_usage(self) -> bool:
+        """The stream ends with a usage chunk."""
+        return self.stream_options is not None and bool(self.stream_options.include_usage)
+
+
+# -- chat ------------------------------------------------------------------------------------------
 
 
 class TextPart(Body):

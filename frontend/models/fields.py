@@ -40,6 +40,13 @@ TopP = Annotated[float, Number(0, 1, above_low=True)]
 TopK = Annotated[
     int, Field(ge=0, le=TOP_K_MAX), INTEGRAL, expect(f"an integer between 0 (off) and {TOP_K_MAX}")
 ]
+# Alternatives per token the API takes (OpenAI's completions allow 5); the engine would
+# take up to protocol.MAX_TOP_LOGPROBS.
+MAX_ALTERNATIVES = 5
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; /generate's is 0 (greedy)
+LogprobCount = Annotated[int, Integer(0, MAX_ALTERNATIVES)]
+ModelId = Annotated[Text, Field(min_length=1), expect("the id that GET /v1/models lists")]
+TokenId = Annotated[int, Field(ge=0), INTEGRAL]
 Seed = Annotated[int, Integer(0, SEED_MAX)]
 Priority = Annotated[int, Integer(-10, 10)]
 DEADLINE_MS_MAX = 3_600_000  # an hour

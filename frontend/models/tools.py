@@ -1,5 +1,7 @@
 """Tool-calling fields of ``POST /v1/chat/completions`` (OpenAI's shapes): the tools a request
-offers, its ``tool_choice``, and the tool calls an assistant message carries."""
+offers, its ``tool_choice``, and the tool calls an assistant message carries; and a reply's
+tool call (``ToolCall``), as the reply parser reads it for every surface (Messages and
+Responses write it in their own shapes)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from tinyserve.frontend.models.common import IGNORED, Body, Text
+from tinyserve.frontend.models.common import IGNORED, Body, Reply, Text
 
 # str, not Text: pydantic leaves a pattern placed after a validator out of the document.
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
@@ -53,3 +55,14 @@ class ToolCallIn(Body):
     type: Literal["function"]
     function: CalledFunction
     index: Any = Field(None, description=IGNORED)
+
+
+class FunctionCall(Reply):
+    name: str
+    arguments: str = Field(description="the arguments as JSON text")
+
+
+class ToolCall(Reply):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall

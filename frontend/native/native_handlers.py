@@ -14,13 +14,13 @@ from aiohttp import web
 
 from tinyserve.config import Config
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.native import GenerateRequest, HealthReply
 from tinyserve.frontend.models.parse import read_body
+from tinyserve.frontend.native.native_bodies import GenerateRequest, HealthReply
 from tinyserve.frontend.native.native_reply import native_reply
 from tinyserve.frontend.request import admission, pipeline
 from tinyserve.frontend.request.generation import Generation, constrained, resolved
 from tinyserve.frontend.request.state import CONFIG, LINK, METRICS
-from tinyserve.frontend.structured import constraints
+from tinyserve.frontend.structured.constraints import Constraint
 from tinyserve.metrics import CONTENT_TYPE
 
 
@@ -52,10 +52,15 @@ async def generate(request: web.Request) -> web.StreamResponse:
     """Generate a completion for one prompt; JSON or SSE as the request asks."""
     config = request.app[CONFIG]
     req = await read_body(request, GenerateRequest, config)
-    generation = await constrained(
-        request, generation_of(req, config), constraints.of_generate(req)
-    )
+    generation = await constrained(request, generation_of(req, config), constraint_of(req))
     return await pipeline.run(request, generation, native_reply)
+
+
+def constraint_of(req: GenerateRequest) -> Constraint:
+    """``/generate``'s constraint: ``grammar`` or ``json_schema`` (or nothing)."""
+    if req.json_schema is not None:
+        return Constraint("json_schema", schema=req.json_schema)
+    return Constraint("grammar", grammar=req.grammar)
 
 
 def generation_of(req: GenerateRequest, config: Config) -> Generation:

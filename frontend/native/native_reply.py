@@ -3,7 +3,7 @@
 JSON: ``GenerateReply``; SSE: a ``GenerateDelta`` per non-empty text delta (and, with
 ``return_progress``, a ``GenerateProgress`` as the prompt's prefill goes), then exactly one
 final event, a ``GenerateReply`` with empty text or, on failure, a ``GenerateFailure``
-(``models.native``). The final object carries the timeline when the client asked for it.
+(``native_bodies``). The final object carries the timeline when the client asked for it.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from tinyserve.frontend.chat.logprobs import finite
 from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.engine_link import EngineLink
 from tinyserve.frontend.link.streams import RequestStream, text_of
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import internal_error
-from tinyserve.frontend.models.native import (
+from tinyserve.frontend.native.native_bodies import (
     GenerateDelta,
     GenerateFailure,
     GenerateProgress,
@@ -27,7 +28,6 @@ from tinyserve.frontend.models.native import (
     NativeUsage,
     PromptTokenLogprob,
 )
-from tinyserve.frontend.openai.openai_logprobs import finite
 from tinyserve.frontend.request.admission import ending_error
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import (

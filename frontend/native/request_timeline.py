@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from tinyserve.frontend.chat.reply_ids import request_id_of
 from tinyserve.frontend.link.engine_client import EngineUnreachable
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import NOT_FOUND, ApiError
-from tinyserve.frontend.models.native import RequestTimeline
-from tinyserve.frontend.openai.openai_stream import CHAT, COMPLETIONS
+from tinyserve.frontend.native.native_bodies import RequestTimeline
 from tinyserve.frontend.request.admission import no_engine, serving
 from tinyserve.frontend.request.state import CLIENT, LINK
 
@@ -26,10 +26,7 @@ QUERY_TIMEOUT_S = 3.0
 
 async def request_timeline(request: web.Request) -> web.Response:
     """The timeline of a request still in flight or among the engine's recent ones."""
-    request_id = request.match_info["request_id"]
-    # An OpenAI reply's id is the request id with its surface's prefix.
-    for surface in (CHAT, COMPLETIONS):
-        request_id = request_id.removeprefix(surface.id_prefix)
+    request_id = request_id_of(request.match_info["request_id"])
     serving(request.app[LINK])
     try:
         timeline = await request.app[CLIENT].timeline(request_id, QUERY_TIMEOUT_S)

@@ -27,9 +27,9 @@ from typing import Any
 
 from aiohttp import web
 
+from tinyserve.frontend.chat.logprobs import token_logprobs
 from tinyserve.frontend.link.streams import Inbox, RequestStream
-from tinyserve.frontend.models.openai_replies import Usage
-from tinyserve.frontend.openai.openai_logprobs import token_logprobs
+from tinyserve.frontend.openai.openai_replies import Usage
 from tinyserve.frontend.openai.openai_reply import Echo, OpenAIReply, collect_or_error
 from tinyserve.frontend.openai.openai_stream import StreamEvents
 from tinyserve.frontend.request import pipeline

@@ -1,47 +1,36 @@
 """OpenAI-compatible routes: ``GET /v1/models`` (and ``/v1/models/{model}``),
 ``POST /v1/completions``, ``POST /v1/chat/completions``.
 
-Each parses its body into its model (``models.openai_requests``, ``models.chat``), checks the
+Each parses its body into its model (``openai_requests``, ``models.chat``), checks the
 model id against the one the engine serves, translates it into a ``Generation`` (the
 serve-side sampling defaults for the fields it left out; for chat, the conversation rendered
-with the model's chat template, and how its reply is read), and runs the same pipeline as
-``/generate`` with an OpenAI-format reply. Errors under ``/v1/`` take OpenAI's shape (the
-error middleware decides by path).
+with the model's chat template, and how its reply is read: ``chat.chat_generation``), and
+runs the same pipeline as ``/generate`` with an OpenAI-format reply. Errors under ``/v1/``
+take OpenAI's shape (the error middleware decides by path).
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
-from typing import Any
-
 from aiohttp import web
 
 from tinyserve.config import Config
-from tinyserve.frontend.models.chat import ChatCompletionRequest
+from tinyserve.frontend.chat.chat_generation import chat_generation, openai_generation, served_model
+from tinyserve.frontend.models.chat import ChatCompletionRequest, OpenAIRequest
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.openai_replies import Model, ModelList
-from tinyserve.frontend.models.openai_requests import CompletionRequest, OpenAIRequest
 from tinyserve.frontend.models.parse import read_body
 from tinyserve.frontend.openai import choices
+from tinyserve.frontend.openai.openai_replies import Model, ModelList
 from tinyserve.frontend.openai.openai_reply import OpenAIReply
+from tinyserve.frontend.openai.openai_requests import CompletionRequest
 from tinyserve.frontend.openai.openai_stream import CHAT, COMPLETIONS, Surface
-from tinyserve.frontend.prompt import conversation
 from tinyserve.frontend.prompt.chat_template import ChatPrompt
-from tinyserve.frontend.request import admission, pipeline
+from tinyserve.frontend.request import pipeline
 from tinyserve.frontend.request.admission import serving
-from tinyserve.frontend.request.generation import Generation, check_token_ids, constrained, resolved
-from tinyserve.frontend.request.sampling_defaults import SamplingDefaults, left_out
-from tinyserve.frontend.request.state import (
-    CHAT_TEMPLATE,
-    CONFIG,
-    LINK,
-    SAMPLING_DEFAULTS,
-    TOKENIZER,
-)
+from tinyserve.frontend.request.generation import Generation, check_token_ids, constrained
+from tinyserve.frontend.request.sampling_defaults import SamplingDefaults
+from tinyserve.frontend.request.state import CONFIG, LINK, SAMPLING_DEFAULTS, TOKENIZER
 from tinyserve.frontend.structured import constraints
 from tinyserve.frontend.structured.reply_parser import ReplyParser
-from tinyserve.protocol import TENANT_PATTERN
 
 OWNED_BY = "tinyserve"
 
@@ -74,11 +63,6 @@ def _model_entry(request: web.Request) -> Model:
         sampling_defaults=defaults.values,
         sampling_defaults_source=defaults.sources,
     )
-
-
-def served_model(request: web.Request, asked: str) -> str:
-    """The id of the model that serves a request naming ``asked`` (``admission.model_of``)."""
-    return admission.model_of(request.app[LINK].ack, request.app[CONFIG].model_alias, asked)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -118,37 +102,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await choices.json_reply(request, reply, plan, [prompt])
 
 
-async def chat_generation(
-    request: web.Request, req: ChatCompletionRequest
-) -> tuple[Generation, ReplyParser]:
-    """``req`` as the pipeline runs it: its conversation rendered with the chat template,
-    serve-side defaults, its constraint built and checked; and the parser of its reply (text,
-    reasoning and tool calls in the template's syntax). What every surface that speaks in
-    conversations needs."""
-    config, template = request.app[CONFIG], request.app[CHAT_TEMPLATE]
-    prompt = conversation.render(template, req, req.messages)
-    parser = template.reply_parser(prompt, req.calls_tools, config.reasoning_format)
-    generation = chat_generation_of(req, config, request.app[SAMPLING_DEFAULTS], prompt)
-    generation = await constrained(request, generation, constraints.of_chat(req, parser))
-    return generation, parser
-
-
-def chat_generation_of(
-    req: ChatCompletionRequest,
-    config: Config,
-    defaults: SamplingDefaults | None = None,
-    prompt: str | ChatPrompt = "",
-) -> Generation:
-    """A chat request with every default resolved, its rendered ``prompt`` given."""
-    asked = req.max_completion_tokens or req.max_tokens
-    logprobs = (req.top_logprobs or 0) if req.logprobs else -1
-    return openai_generation(
-        req, defaults, prompt=prompt, prompt_field="messages",
-        max_tokens=asked or config.default_max_tokens, max_tokens_asked=asked is not None,
-        logprobs=logprobs,
-    )  # fmt: skip
-
-
 def completion_generation(
     req: CompletionRequest, config: Config, defaults: SamplingDefaults | None = None
 ) -> Generation:
@@ -162,29 +115,6 @@ def completion_generation(
         max_tokens_asked=req.max_tokens is not None, logprobs=logprobs,
         prompt_logprobs=logprobs if req.echo else -1,
     )  # fmt: skip
-
-
-def openai_generation(
-    req: OpenAIRequest, defaults: SamplingDefaults | None, **overrides: Any
-) -> Generation:
-    """An OpenAI request resolved: the serve-side ``defaults`` for the sampling fields it
-    left out (none: the model's), its ``user`` as the tenant unless it names one, then
-    ``overrides``."""
-    if "tenant" not in req.model_fields_set:
-        overrides["tenant"] = _tenant_of_user(req.user)
-    if defaults is not None:
-        overrides |= left_out(req, defaults)
-    return resolved(req, **overrides)
-
-
-def _tenant_of_user(user: str) -> str:
-    """``user`` as the scheduling tenant: as it is when it is a valid tenant name, else a
-    stable hash of it (OpenAI suggests hashed e-mail addresses and the like)."""
-    if not user:
-        return "default"
-    if re.fullmatch(TENANT_PATTERN, user):
-        return user
-    return "user-" + hashlib.sha256(user.encode("utf-8")).hexdigest()[:16]
 
 
 def _reply(

@@ -1,11 +1,7 @@
 """OpenAI-format replies (completions and chat): the ``Reply`` of one request, and a whole
-reply's JSON (``Completion`` / ``ChatCompletion``, ``models.openai_replies``); a stream's
-chunks are ``openai_stream``'s.
-
-Finish reasons: ``stop`` and ``length`` as they are; ``timeout`` (request time limit),
-``cancelled`` and ``deadline_missed`` are output cut short, so ``length``; ``queue_timeout``
-(no token made) is a 503 with Retry-After; ``error`` and ``rejected`` are errors, as on
-``/generate``.
+reply's JSON (``Completion`` / ``ChatCompletion``, ``openai_replies``); a stream's
+chunks are ``openai_stream``'s. Finish reasons and errors are the chat path's
+(``chat.ending``).
 """
 
 from __future__ import annotations
@@ -15,10 +11,17 @@ from typing import Any
 
 from aiohttp import web
 
+from tinyserve.frontend.chat.ending import finish_reason, reply_error
+from tinyserve.frontend.chat.logprobs import TokenLogprob
 from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.streams import RequestStream, text_of
 from tinyserve.frontend.models.common import json_response
-from tinyserve.frontend.models.openai_replies import (
+from tinyserve.frontend.openai.openai_logprobs import (
+    chat_logprobs,
+    completion_logprobs,
+    echo_logprobs,
+)
+from tinyserve.frontend.openai.openai_replies import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,
@@ -26,18 +29,7 @@ from tinyserve.frontend.models.openai_replies import (
     CompletionChoice,
     Usage,
 )
-from tinyserve.frontend.openai.openai_logprobs import (
-    TokenLogprob,
-    chat_logprobs,
-    completion_logprobs,
-    echo_logprobs,
-)
-from tinyserve.frontend.openai.openai_stream import (
-    OpenAIFormat,
-    StreamEvents,
-    finish_reason,
-    openai_error,
-)
+from tinyserve.frontend.openai.openai_stream import OpenAIFormat, StreamEvents
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import collect, write_sse
 from tinyserve.frontend.request.state import LINK
@@ -62,7 +54,7 @@ async def collect_or_error(
 ) -> RequestUpdate | web.Response:
     """The whole output of ``stream``, or the error reply its ending maps to."""
     whole = await collect(stream)
-    error = openai_error(whole, load)
+    error = reply_error(whole, load)
     if error is None:
         return whole
     error.request_id = record.request_id

@@ -16,42 +16,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tinyserve import protocol
+from tinyserve.frontend.chat.ending import finish_reason, reply_error
+from tinyserve.frontend.chat.logprobs import TokenLogprob, token_logprobs
+from tinyserve.frontend.chat.reply_ids import CHAT_ID_PREFIX, COMPLETION_ID_PREFIX
 from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.streams import text_of
+from tinyserve.frontend.models.chat import FinishReason
 from tinyserve.frontend.models.common import to_json
 from tinyserve.frontend.models.errors import ApiError, internal_error
-from tinyserve.frontend.models.openai_replies import (
+from tinyserve.frontend.openai.openai_logprobs import chat_logprobs, completion_logprobs
+from tinyserve.frontend.openai.openai_replies import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,
     CompletionChunk,
     CompletionChunkChoice,
-    FinishReason,
     ToolCallDelta,
     Usage,
 )
-from tinyserve.frontend.openai.openai_logprobs import (
-    TokenLogprob,
-    chat_logprobs,
-    completion_logprobs,
-    token_logprobs,
-)
 from tinyserve.frontend.prompt.tokenizer import Tokenizer
-from tinyserve.frontend.request.admission import ending_error
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import MARK, EventTemplate, progress_of, sse_event
 from tinyserve.frontend.structured.reply_parser import ReplyParser, ReplyStream
 from tinyserve.protocol import RequestUpdate
 
 DONE = sse_event("[DONE]")
-FINISH_REASONS: dict[str, FinishReason] = {
-    protocol.FINISH_STOP: "stop",
-    protocol.FINISH_LENGTH: "length",
-    protocol.FINISH_TIMEOUT: "length",
-    protocol.FINISH_CANCELLED: "length",
-    protocol.FINISH_DEADLINE_MISSED: "length",
-}
 Chunk = CompletionChunk | ChatCompletionChunk
 
 
@@ -63,19 +52,8 @@ class Surface:
     id_prefix: str
 
 
-COMPLETIONS = Surface(False, "cmpl-")
-CHAT = Surface(True, "chatcmpl-")
-
-
-def openai_error(end: RequestUpdate, load: NodeLoad | None) -> ApiError | None:
-    """The error an ending is on these surfaces (a queue timeout too: no token was made)."""
-    return ending_error(end, load, queue_timeout_refused=True)
-
-
-def finish_reason(end: RequestUpdate) -> FinishReason:
-    """The finish reason of a normal ending (errors go another way)."""
-    assert end.finish_reason is not None
-    return FINISH_REASONS.get(end.finish_reason, "stop")
+COMPLETIONS = Surface(False, COMPLETION_ID_PREFIX)
+CHAT = Surface(True, CHAT_ID_PREFIX)
 
 
 class OpenAIFormat:
@@ -244,7 +222,7 @@ class StreamEvents:
         )  # fmt: skip
 
     def _end(self, index: int, end: RequestUpdate) -> list[bytes]:
-        error = openai_error(end, self._load())
+        error = reply_error(end, self._load())
         if error is not None:
             self._failed = True
             return [_error_event(error)]

@@ -1,7 +1,7 @@
 """OpenAI's Responses API: ``POST /v1/responses``, stateless.
 
 A request is translated into the equivalent chat completion request
-(``models.responses_requests``) and served by the same path as ``/v1/chat/completions``: the
+(``responses_requests``) and served by the same path as ``/v1/chat/completions``: the
 chat template, tool prompts and grammars, ``text.format`` as a ``response_format``, sampling
 defaults, admission, tenants and priorities, the pipeline; only the reply is the Responses
 API's (``responses_reply``). Nothing is kept: ``previous_response_id`` is a 400 (the client
@@ -14,12 +14,12 @@ import dataclasses
 
 from aiohttp import web
 
+from tinyserve.frontend.chat.chat_generation import chat_generation, served_model
 from tinyserve.frontend.models.parse import read_body
-from tinyserve.frontend.models.responses_requests import ResponsesRequest
-from tinyserve.frontend.openai.openai_handlers import chat_generation, served_model
 from tinyserve.frontend.request import pipeline
 from tinyserve.frontend.request.state import CONFIG
 from tinyserve.frontend.responses.responses_reply import ResponsesReply
+from tinyserve.frontend.responses.responses_requests import ResponsesRequest
 
 
 async def responses(request: web.Request) -> web.StreamResponse:

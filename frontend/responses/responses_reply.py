@@ -22,13 +22,18 @@ from typing import Any
 
 from aiohttp import web
 
+from tinyserve.frontend.chat.chat_output import ChatEvents, Ending, collect_ending
 from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.streams import RequestStream
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import ApiError
-from tinyserve.frontend.models.openai_replies import ToolCall
 from tinyserve.frontend.models.progress import PromptProgress
-from tinyserve.frontend.models.responses_replies import (
+from tinyserve.frontend.models.tools import ToolCall
+from tinyserve.frontend.request.generation import Generation
+from tinyserve.frontend.request.record import RequestRecord
+from tinyserve.frontend.request.sse import sse_event, write_sse
+from tinyserve.frontend.request.state import LINK
+from tinyserve.frontend.responses.responses_replies import (
     ArgumentsDelta,
     ArgumentsDone,
     ContentPartEvent,
@@ -53,12 +58,7 @@ from tinyserve.frontend.models.responses_replies import (
     ResponseStatus,
     ResponsesUsage,
 )
-from tinyserve.frontend.models.responses_requests import FunctionChoice, ResponsesRequest
-from tinyserve.frontend.openai.chat_output import ChatEvents, Ending, collect_ending
-from tinyserve.frontend.request.generation import Generation
-from tinyserve.frontend.request.record import RequestRecord
-from tinyserve.frontend.request.sse import sse_event, write_sse
-from tinyserve.frontend.request.state import LINK
+from tinyserve.frontend.responses.responses_requests import FunctionChoice, ResponsesRequest
 from tinyserve.frontend.structured.reply_parser import CallDelta, ReplyParser
 from tinyserve.protocol import RequestUpdate
 

@@ -11,10 +11,8 @@ import dataclasses
 import json
 from typing import Any
 
-from tinyserve.frontend.models.chat import ChatCompletionRequest
+from tinyserve.frontend.models.chat import ChatCompletionRequest, OpenAIRequest
 from tinyserve.frontend.models.errors import invalid
-from tinyserve.frontend.models.native import GenerateRequest
-from tinyserve.frontend.models.openai_requests import OpenAIRequest
 from tinyserve.frontend.structured import tool_calls
 from tinyserve.frontend.structured.json_schema import (
     ANY_JSON_OBJECT,
@@ -72,13 +70,6 @@ class Constraint:
         assert root.startswith("root ::= "), root
         body = root.removeprefix("root ::= ")
         return f"root ::= {json.dumps(self.prefix)} ({body})\n{rest}", unenforced
-
-
-def of_generate(req: GenerateRequest) -> Constraint:
-    """``/generate``'s: ``grammar`` or ``json_schema`` (or nothing)."""
-    if req.json_schema is not None:
-        return Constraint("json_schema", schema=req.json_schema)
-    return Constraint("grammar", grammar=req.grammar)
 
 
 def of_openai(req: OpenAIRequest) -> Constraint:

@@ -22,7 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tinyserve.frontend.models.openai_replies import FinishReason, ToolCall
+from tinyserve.frontend.models.chat import FinishReason
+from tinyserve.frontend.models.tools import ToolCall
 from tinyserve.frontend.structured.reasoning import ReasoningSplit, ReasoningTags, held_from
 from tinyserve.frontend.structured.tool_calls import parse_calls
 from tinyserve.frontend.structured.tool_syntax import ToolSyntax

@@ -28,8 +28,14 @@ import json
 from typing import Any
 
 from tinyserve.frontend.models.errors import invalid
-from tinyserve.frontend.models.openai_replies import FunctionCall, ToolCall
-from tinyserve.frontend.models.tools import NamedToolChoice, Tool, ToolCallIn, ToolChoice
+from tinyserve.frontend.models.tools import (
+    FunctionCall,
+    NamedToolChoice,
+    Tool,
+    ToolCall,
+    ToolCallIn,
+    ToolChoice,
+)
 from tinyserve.frontend.structured.json_schema import (
     PRIMITIVES,
     Grammar,

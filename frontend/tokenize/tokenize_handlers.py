@@ -11,17 +11,17 @@ from aiohttp import web
 
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.parse import read_body
-from tinyserve.frontend.models.tokenize import (
+from tinyserve.frontend.prompt import conversation
+from tinyserve.frontend.request import admission
+from tinyserve.frontend.request.generation import check_token_ids
+from tinyserve.frontend.request.state import CHAT_TEMPLATE, CONFIG, LINK, TOKENIZER
+from tinyserve.frontend.tokenize.tokenize_bodies import (
     DetokenizeReply,
     DetokenizeRequest,
     TokenizeReply,
     TokenizeRequest,
     TokenizerInfo,
 )
-from tinyserve.frontend.prompt import conversation
-from tinyserve.frontend.request import admission
-from tinyserve.frontend.request.generation import check_token_ids
-from tinyserve.frontend.request.state import CHAT_TEMPLATE, CONFIG, LINK, TOKENIZER
 from tinyserve.model import model_name
 from tinyserve.options import DEFAULT_CTX_FLOOR
 

@@ -6,7 +6,7 @@ from typing import Any, get_type_hints
 
 import pytest
 
-from tinyserve.frontend.models.native import RequestTimeline
+from tinyserve.frontend.native.native_bodies import RequestTimeline
 from tinyserve.timeline_records import (
     Accepted,
     AcceptedWire,

@@ -13,17 +13,15 @@ from aiohttp.test_utils import TestClient
 from tests.frontend.harness import FakeEngine, accepted, with_logprobs
 from tinyserve import protocol
 from tinyserve.config import build_config
+from tinyserve.frontend.anthropic.anthropic_requests import CountTokensRequest, MessagesRequest
 from tinyserve.frontend.http.openapi_document import document
-from tinyserve.frontend.models import (
-    anthropic_requests,
-    chat,
-    native,
-    openai_requests,
-    responses_requests,
-    tokenize,
-)
+from tinyserve.frontend.models.chat import ChatCompletionRequest
 from tinyserve.frontend.models.errors import ApiError
 from tinyserve.frontend.models.parse import parse_body
+from tinyserve.frontend.native.native_bodies import GenerateRequest
+from tinyserve.frontend.openai.openai_requests import CompletionRequest
+from tinyserve.frontend.responses.responses_requests import ResponsesRequest
+from tinyserve.frontend.tokenize.tokenize_bodies import TokenizeRequest
 
 Client = TestClient[Any, Any]
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "Hi"}]}
@@ -243,10 +241,10 @@ UNSTATED_RULES = (
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 USER = [{"role": "user", "content": "Hi"}]
 REQUESTS = {
-    "GenerateRequest": native.GenerateRequest,
-    "CompletionRequest": openai_requests.CompletionRequest,
-    "ChatCompletionRequest": chat.ChatCompletionRequest,
-    "TokenizeRequest": tokenize.TokenizeRequest,
+    "GenerateRequest": GenerateRequest,
+    "CompletionRequest": CompletionRequest,
+    "ChatCompletionRequest": ChatCompletionRequest,
+    "TokenizeRequest": TokenizeRequest,
 }
 # One body per rule across fields (``cross_field`` in the models), and the 400 it gets.
 RULES_ACROSS_FIELDS = [
@@ -333,9 +331,9 @@ def test_bodies_near_those_rules_are_taken_by_both(schema: str, body: dict[str, 
 ANTHROPIC_TOOL = {"name": "f", "input_schema": {"type": "object"}}
 RESPONSES_TOOL = {"type": "function", "name": "f"}
 TRANSLATED = {
-    "MessagesRequest": anthropic_requests.MessagesRequest,
-    "CountTokensRequest": anthropic_requests.CountTokensRequest,
-    "ResponsesRequest": responses_requests.ResponsesRequest,
+    "MessagesRequest": MessagesRequest,
+    "CountTokensRequest": CountTokensRequest,
+    "ResponsesRequest": ResponsesRequest,
 }
 # The rules of the surfaces translated into chat requests: their own, and chat's as they
 # break them (the 400 comes from the translation).

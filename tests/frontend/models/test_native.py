@@ -1,4 +1,4 @@
-"""The /generate request contract: every rule of models.native, one case at a time."""
+"""The /generate request contract: every rule of native.native_bodies, one case at a time."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from tinyserve.config import build_config
 from tinyserve.frontend.models.common import ignored_fields
 from tinyserve.frontend.models.errors import ApiError
-from tinyserve.frontend.models.native import GenerateRequest
 from tinyserve.frontend.models.parse import parse_body
+from tinyserve.frontend.native.native_bodies import GenerateRequest
 from tinyserve.frontend.native.native_handlers import generation_of
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.protocol import SamplingParams

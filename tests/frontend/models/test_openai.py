@@ -1,4 +1,4 @@
-"""The OpenAI request contract: models.openai_requests and models.chat, case by case."""
+"""The OpenAI request contract: openai.openai_requests and models.chat, case by case."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from openai.types.chat.parsed_chat_completion import ParsedChatCompletionMessage
 from openai.types.chat.parsed_function_tool_call import ParsedFunction, ParsedFunctionToolCall
 
 from tinyserve.config import build_config
+from tinyserve.frontend.chat.chat_generation import chat_generation_of
 from tinyserve.frontend.models.chat import ChatCompletionRequest
 from tinyserve.frontend.models.common import ignored_fields
 from tinyserve.frontend.models.errors import ApiError
-from tinyserve.frontend.models.openai_requests import CompletionRequest
 from tinyserve.frontend.models.parse import parse_body
-from tinyserve.frontend.openai.openai_handlers import chat_generation_of, completion_generation
+from tinyserve.frontend.openai.openai_handlers import completion_generation
+from tinyserve.frontend.openai.openai_requests import CompletionRequest
 from tinyserve.frontend.prompt.chat_template import TemplateMessage
 from tinyserve.frontend.prompt.conversation import template_messages
 from tinyserve.frontend.request.generation import Generation

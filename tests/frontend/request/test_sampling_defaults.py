@@ -4,8 +4,8 @@ a request leaves out."""
 from __future__ import annotations
 
 from tinyserve.config import build_config
+from tinyserve.frontend.chat.chat_generation import chat_generation_of
 from tinyserve.frontend.models.chat import ChatCompletionRequest
-from tinyserve.frontend.openai.openai_handlers import chat_generation_of
 from tinyserve.frontend.request.sampling_defaults import sampling_defaults
 
 CONFIG = build_config({"default_max_tokens": 32}, environ={})

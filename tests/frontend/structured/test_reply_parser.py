@@ -9,7 +9,7 @@ from itertools import pairwise
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tinyserve.frontend.models.openai_replies import FinishReason
+from tinyserve.frontend.models.chat import FinishReason
 from tinyserve.frontend.structured.reasoning import THINK
 from tinyserve.frontend.structured.reply_parser import ParsedReply, ReplyParser
 from tinyserve.frontend.structured.tool_syntax import GENERIC, HERMES, LLAMA3, MISTRAL

@@ -1,6 +1,6 @@
 """Reply bodies of ``POST /v1/responses``: a ``Response``, or the events of its stream, in
 OpenAI's shapes (platform.openai.com, Responses and its streaming events). Errors before a
-stream: ``errors.OpenAIError``; after its start, a ``response.failed`` event."""
+stream: ``models.errors.OpenAIError``; after its start, a ``response.failed`` event."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Reply bodies of ``POST /v1/messages`` (an ``AnthropicMessage``, Anthropic's ``Message``, or
 the events of its stream) and ``POST /v1/messages/count_tokens``, in Anthropic's shapes
-(docs.anthropic.com, Messages and Streaming Messages). Errors: ``errors.AnthropicError``."""
+(docs.anthropic.com, Messages and Streaming Messages). Errors: ``models.errors.AnthropicError``."""
 
 from __future__ import annotations
 

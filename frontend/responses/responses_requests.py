@@ -37,8 +37,14 @@ from tinyserve.frontend.models.common import (
     schema_rule,
 )
 from tinyserve.frontend.models.errors import invalid
-from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, OutputLength, Sampling, Temperature
-from tinyserve.frontend.models.openai_requests import DEFAULT_TEMPERATURE, ModelId
+from tinyserve.frontend.models.fields import (
+    DEFAULT_TEMPERATURE,
+    MAX_TOKENS_TEXT,
+    ModelId,
+    OutputLength,
+    Sampling,
+    Temperature,
+)
 from tinyserve.frontend.models.response_format import JsonSchemaSpec
 from tinyserve.frontend.models.tools import FunctionName
 from tinyserve.frontend.models.translated import (

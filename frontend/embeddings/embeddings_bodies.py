@@ -8,8 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, WithJsonSchema
 
 from tinyserve.frontend.models.common import INTEGRAL, Reply, Request, Text, expect
-from tinyserve.frontend.models.fields import Priority, Tenant
-from tinyserve.frontend.models.tokenize import TokenId
+from tinyserve.frontend.models.fields import Priority, Tenant, TokenId
 
 # OpenAI's limit on the inputs of one request.
 MAX_INPUTS = 2048

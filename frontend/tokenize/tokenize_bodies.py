@@ -9,7 +9,6 @@ from pydantic import ConfigDict, Field, model_validator
 
 from tinyserve.frontend.models.chat import CONVERSATION_RULES, ChatMessage, ConversationFields
 from tinyserve.frontend.models.common import (
-    INTEGRAL,
     Reply,
     Request,
     Text,
@@ -17,9 +16,7 @@ from tinyserve.frontend.models.common import (
     expect,
     schema_rule,
 )
-
-TokenId = Annotated[int, Field(ge=0), INTEGRAL]
-
+from tinyserve.frontend.models.fields import TokenId
 
 # Exactly one of prompt and messages (not null); add_special_tokens with a text prompt only,
 # the chat fields with messages only.

@@ -13,8 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
 from tinyserve.frontend.models.common import Reply, Text, cross_field, expect, is_none, schema_rule
 from tinyserve.frontend.models.errors import ErrorDetail
-from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, OutputLength, Sampling
-from tinyserve.frontend.models.openai_requests import LogprobCount
+from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, LogprobCount, OutputLength, Sampling
 from tinyserve.frontend.models.progress import PromptProgress
 
 

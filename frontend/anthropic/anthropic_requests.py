@@ -40,8 +40,7 @@ from tinyserve.frontend.models.common import (
     open_by_type,
     schema_rule,
 )
-from tinyserve.frontend.models.fields import Sampling, Stop
-from tinyserve.frontend.models.openai_requests import ModelId
+from tinyserve.frontend.models.fields import ModelId, Sampling, Stop
 from tinyserve.frontend.models.tools import FunctionName
 from tinyserve.frontend.models.translated import (
     LIST,

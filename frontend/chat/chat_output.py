@@ -11,12 +11,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tinyserve.frontend.chat.ending import finish_reason, reply_error
 from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.streams import RequestStream, text_of
+from tinyserve.frontend.models.chat import FinishReason
 from tinyserve.frontend.models.errors import ApiError, internal_error
-from tinyserve.frontend.models.openai_replies import FinishReason, ToolCall
 from tinyserve.frontend.models.progress import PromptProgress
-from tinyserve.frontend.openai.openai_stream import finish_reason, openai_error
+from tinyserve.frontend.models.tools import ToolCall
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import collect, progress_of
 from tinyserve.frontend.structured.reply_parser import CallDelta, Parts, ReplyParser
@@ -64,7 +65,7 @@ async def collect_ending(
     """The whole output of ``stream`` and its ending (all its text, none sent); raises the
     error its ending maps to, which the error middleware answers in the path's shape."""
     whole = await collect(stream)
-    error = openai_error(whole, load())
+    error = reply_error(whole, load())
     if error is not None:
         raise error
     chat = ChatOutput(parser)
@@ -96,7 +97,7 @@ class ChatEvents(ABC):
         events += self.text(parts.content)
         events += self.calls(parts.calls)
         if update.finish_reason is not None:
-            error = openai_error(update, self.load())
+            error = reply_error(update, self.load())
             events += [self.failure(error)] if error is not None else await self.end(update)
             self.ended = True
         return events

@@ -1,5 +1,5 @@
 """OpenAI-format reply bodies: completions and chat (whole and as stream chunks), the model
-list (errors: ``errors``).
+list (errors: ``models.errors``).
 
 A stream chunk's ``usage`` is sent (null but on the last chunk) only when the request asked
 for ``stream_options.include_usage``: the reply leaves the field out otherwise. A chat delta
@@ -13,10 +13,11 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from tinyserve.frontend.models.chat import FinishReason
 from tinyserve.frontend.models.common import Reply, is_none
 from tinyserve.frontend.models.progress import PromptProgress
+from tinyserve.frontend.models.tools import ToolCall
 
-FinishReason = Literal["stop", "length", "tool_calls"]
 PROGRESS_CHUNK_TEXT = "return_progress: the prompt's prefill so far, in a chunk of no choice"
 
 
@@ -75,17 +76,6 @@ class CompletionChunkChoice(Reply):
 
 class CompletionChoice(CompletionChunkChoice):
     finish_reason: FinishReason
-
-
-class FunctionCall(Reply):
-    name: str
-    arguments: str = Field(description="the arguments as JSON text")
-
-
-class ToolCall(Reply):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
 
 
 class ToolCallDelta(ToolCall):
