@@ -78,13 +78,14 @@ def agents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pytest.skip(missing)
     workdir = tmp_path_factory.mktemp("agents")
     # The node's defaults (flags the test harness would otherwise set for speed), but for
-    # the harness's one llama.cpp thread (the agents' own processes and the other test
-    # worker share the two cores: two spinning threads lose theirs), and two that bound what the 135M model does with its freedom, which says nothing of the
-    # server and would make this a slow and flaky test: greedy sampling when a request names
-    # none (neither agent does; sampled, the model called a tool again and again until the
-    # agent gave up, one run in three), and 128 output tokens (greedy, it may repeat itself
-    # until the context is full: 3,393 tokens in 240 s; and Claude Code asks again to go on
-    # from a reply cut short: each time at most this many).
+    # the harness's one llama.cpp thread (the agents' processes and the other test worker
+    # share the two cores: two spinning threads lose theirs), and two flags that bound what
+    # the 135M model does with its freedom, which says nothing of the server and would make
+    # this a slow and flaky test: greedy sampling when a request names none (neither agent
+    # does; sampled, the model called a tool again and again until the agent gave up, one
+    # run in three), and 128 output tokens (greedy, it may repeat itself until the context is
+    # full: 3,393 tokens in 240 s; and Claude Code asks again to go on from a reply cut
+    # short: each time at most this many).
     flags = ["--ctx-per-slot", "0", "--default-temperature", "0",
              "--max-tokens-limit", str(OUTPUT_CAP)]  # fmt: skip
     spec = {"workdir": str(workdir), "runs": _runs(), "node_flags": flags}
