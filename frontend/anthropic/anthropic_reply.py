@@ -49,17 +49,15 @@ from tinyserve.frontend.anthropic.anthropic_replies import (
     ThinkingDelta,
     ToolUseContent,
 )
-from tinyserve.frontend.chat.chat_output import ChatEvents, collect_ending
+from tinyserve.frontend.chat.chat_output import ChatEvents, whole_ending
 from tinyserve.frontend.link.board_view import NodeLoad
-from tinyserve.frontend.link.streams import RequestStream
 from tinyserve.frontend.models.chat import FinishReason
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import ApiError
 from tinyserve.frontend.models.progress import PromptProgress
 from tinyserve.frontend.models.tools import ToolCall
 from tinyserve.frontend.request.record import RequestRecord
-from tinyserve.frontend.request.sse import sse_event, write_sse
-from tinyserve.frontend.request.state import LINK
+from tinyserve.frontend.request.sse import Events, sse_event
 from tinyserve.frontend.structured.reply_parser import CallDelta, ReplyParser
 from tinyserve.protocol import RequestUpdate
 
@@ -85,14 +83,14 @@ class AnthropicReply:
         self.model = model
         self.parser = parser
 
-    async def __call__(
-        self, request: web.Request, stream: RequestStream, record: RequestRecord
-    ) -> web.StreamResponse:
-        load = request.app[LINK].load
-        if record.generation.stream:
-            events = _MessageEvents(self, record, load)
-            return await write_sse(request, record.request_id, stream, events, PING)
-        whole, ending = await collect_ending(stream, load, self.parser)
+    keepalive = PING
+    queue_timeout_refused = True
+
+    def events(self, record: RequestRecord, load: Callable[[], NodeLoad | None]) -> Events:
+        return _MessageEvents(self, record, load)
+
+    async def whole(self, record: RequestRecord, whole: RequestUpdate) -> web.Response:
+        ending = whole_ending(whole, self.parser)
         thinking = [ThinkingContent(thinking=ending.reasoning, signature=record.request_id)]
         content = [
             *(thinking if ending.reasoning else []),

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 from tinyserve.frontend.chat.ending import finish_reason, reply_error
 from tinyserve.frontend.link.board_view import NodeLoad
-from tinyserve.frontend.link.streams import RequestStream, text_of
+from tinyserve.frontend.link.streams import text_of
 from tinyserve.frontend.models.chat import FinishReason
 from tinyserve.frontend.models.errors import ApiError, internal_error
 from tinyserve.frontend.models.progress import PromptProgress
 from tinyserve.frontend.models.tools import ToolCall
 from tinyserve.frontend.request.record import RequestRecord
-from tinyserve.frontend.request.sse import collect, progress_of
+from tinyserve.frontend.request.sse import progress_of
 from tinyserve.frontend.structured.reply_parser import CallDelta, Parts, ReplyParser
 from tinyserve.protocol import RequestUpdate
 
@@ -59,19 +59,13 @@ class ChatOutput:
         return Ending(parsed.reasoning, parsed.content, parsed.calls, parsed.reason)
 
 
-async def collect_ending(
-    stream: RequestStream, load: Callable[[], NodeLoad | None], parser: ReplyParser
-) -> tuple[RequestUpdate, Ending]:
-    """The whole output of ``stream`` and its ending (all its text, none sent); raises the
-    error its ending maps to, which the error middleware answers in the path's shape."""
-    whole = await collect(stream)
-    error = reply_error(whole, load())
-    if error is not None:
-        raise error
+def whole_ending(whole: RequestUpdate, parser: ReplyParser) -> Ending:
+    """A whole reply's ending, read by ``parser``: all its thinking, text and tool calls
+    (an ending that is not an error: the pipeline raised those)."""
     chat = ChatOutput(parser)
     chat.feed(text_of(whole))
     ending = chat.end(whole)
-    return whole, Ending(chat.reasoning, chat.text, ending.calls, ending.reason)
+    return Ending(chat.reasoning, chat.text, ending.calls, ending.reason)
 
 
 class ChatEvents(ABC):

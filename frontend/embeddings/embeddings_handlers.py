@@ -6,8 +6,6 @@ cannot be queued now is a 503 with Retry-After, as a generation's."""
 from __future__ import annotations
 
 import base64
-import logging
-import time
 from typing import Any
 
 import numpy as np
@@ -21,31 +19,26 @@ from tinyserve.frontend.embeddings.embeddings_bodies import (
     EmbeddingsRequest,
     EmbeddingsUsage,
 )
-from tinyserve.frontend.link.engine_client import EngineUnreachable
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import (
     CONTEXT_LENGTH_EXCEEDED,
-    ENGINE_ERROR,
     MODEL_NOT_FOUND,
     ApiError,
     invalid,
 )
 from tinyserve.frontend.models.parse import read_body
-from tinyserve.frontend.request import admission
+from tinyserve.frontend.request import admission, pipeline
 from tinyserve.frontend.request.generation import check_token_ids
-from tinyserve.frontend.request.pipeline import STAGE
-from tinyserve.frontend.request.record import new_request_id
-from tinyserve.frontend.request.state import CLIENT, CONFIG, EMBED_TOKENIZER, LINK, METRICS
-from tinyserve.logs import fields
+from tinyserve.frontend.request.state import CONFIG, EMBED_TOKENIZER, LINK
 from tinyserve.model import model_name
-
-log = logging.getLogger(__name__)
 
 FLOAT32 = np.dtype("<f4")  # the engine's vectors: little-endian float32
 
 
 async def embeddings(request: web.Request) -> web.Response:
-    """One L2-normalised vector per input, in the inputs' order."""
+    """One L2-normalised vector per input, in the inputs' order. The body is this surface's;
+    the request then goes the way every request goes (``pipeline.embed``): its record, span,
+    ``request finished`` line and metrics, admission from the board, the engine's answer."""
     app = request.app
     config = app[CONFIG]
     req = await read_body(request, EmbeddingsRequest, config)
@@ -62,29 +55,18 @@ async def embeddings(request: web.Request) -> web.Response:
             "vectors are not shortened"
         )
         raise invalid(message, "dimensions")
-    inputs = await _token_ids(request, req)
-    _admit(request)
-    request_id = new_request_id()
-    embed = protocol.Embed(
-        request_id, app[CLIENT].frontend_id, inputs, time.monotonic_ns(), req.priority, req.tenant
-    )
-    try:
-        embedded = await app[CLIENT].embed(embed)
-    except EngineUnreachable as exc:
-        raise admission.no_engine() from exc
-    refusal = _refusal(request, embedded)
-    _count(request, request_id, embedded, len(inputs), refusal.status if refusal else 200)
-    if refusal is not None:
-        refusal.request_id = request_id
-        raise refusal
-    data = [
-        Embedding(index=i, embedding=_encoded(vector, req.encoding_format))
-        for i, vector in enumerate(embedded.vectors)
-    ]
-    tokens = embedded.prompt_tokens
-    usage = EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens)
-    reply = EmbeddingsReply(data=data, model=req.model or served[-1], usage=usage)
-    return json_response(reply, headers={"X-Request-Id": request_id})
+
+    def reply(embedded: protocol.Embedded) -> web.Response:
+        data = [
+            Embedding(index=i, embedding=_encoded(vector, req.encoding_format))
+            for i, vector in enumerate(embedded.vectors)
+        ]
+        tokens = embedded.prompt_tokens
+        usage = EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens)
+        return json_response(EmbeddingsReply(data=data, model=req.model or served[-1], usage=usage))
+
+    work = pipeline.embedding(req.priority, req.tenant)
+    return await pipeline.embed(request, work, lambda: _token_ids(request, req), reply)
 
 
 async def _token_ids(request: web.Request, req: EmbeddingsRequest) -> list[list[int]]:
@@ -124,49 +106,7 @@ async def _token_ids(request: web.Request, req: EmbeddingsRequest) -> list[list[
     return inputs
 
 
-def _admit(request: web.Request) -> None:
-    """The board's word: a 503 when the node's embedding queue is full or the engine drains
-    (the engine re-checks: frontends racing each other are refused there)."""
-    link = request.app[LINK]
-    limits, load = link.limits, link.load()
-    if limits is None or load is None:
-        raise admission.no_engine()
-    refusal = admission.admit_embedding(limits, load)
-    if refusal is not None:
-        request.app[METRICS].admission_rejections_total.labels(STAGE, refusal.label).inc()
-        raise refusal
-
-
-def _refusal(request: web.Request, embedded: protocol.Embedded) -> ApiError | None:
-    """The HTTP error of an ending that is not ``stop``."""
-    end = protocol.RequestUpdate(
-        embedded.request_id, -1, finish_reason=embedded.finish_reason, detail=embedded.detail
-    )
-    if embedded.finish_reason == protocol.FINISH_STOP:
-        return None
-    refusal = admission.ending_error(end, request.app[LINK].load(), "input")
-    return refusal or ApiError(500, ENGINE_ERROR, f"embedding ended: {embedded.finish_reason}")
-
-
 def _encoded(vector: bytes, encoding_format: str) -> list[float] | str:
     if encoding_format == "base64":
         return base64.b64encode(vector).decode("ascii")
     return np.frombuffer(vector, FLOAT32).tolist()  # type: ignore[no-any-return]
-
-
-def _count(
-    request: web.Request, request_id: str, embedded: protocol.Embedded, n: int, status: int
-) -> None:
-    """The request's metrics and its log line."""
-    request.app[METRICS].requests_total.labels(embedded.finish_reason, str(status)).inc()
-    log.info(
-        "embeddings finished",
-        extra=fields(
-            request_id=request_id,
-            inputs=n,
-            prompt_tokens=embedded.prompt_tokens,
-            finish_reason=embedded.finish_reason,
-            status=status,
-            detail=embedded.detail,
-        ),
-    )

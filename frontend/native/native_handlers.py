@@ -16,7 +16,7 @@ from tinyserve.config import Config
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.parse import read_body
 from tinyserve.frontend.native.native_bodies import GenerateRequest, HealthReply
-from tinyserve.frontend.native.native_reply import native_reply
+from tinyserve.frontend.native.native_reply import NativeReply
 from tinyserve.frontend.request import admission, pipeline
 from tinyserve.frontend.request.generation import Generation, constrained, resolved
 from tinyserve.frontend.request.state import CONFIG, LINK, METRICS
@@ -53,7 +53,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG]
     req = await read_body(request, GenerateRequest, config)
     generation = await constrained(request, generation_of(req, config), constraint_of(req))
-    return await pipeline.run(request, generation, native_reply)
+    return await pipeline.run(request, generation, NativeReply())
 
 
 def constraint_of(req: GenerateRequest) -> Constraint:

@@ -8,14 +8,14 @@ final event, a ``GenerateReply`` with empty text or, on failure, a ``GenerateFai
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 from aiohttp import web
 
 from tinyserve.frontend.chat.logprobs import finite
 from tinyserve.frontend.link.board_view import NodeLoad
-from tinyserve.frontend.link.engine_link import EngineLink
-from tinyserve.frontend.link.streams import RequestStream, text_of
+from tinyserve.frontend.link.streams import text_of
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import internal_error
 from tinyserve.frontend.native.native_bodies import (
@@ -31,39 +31,37 @@ from tinyserve.frontend.native.native_bodies import (
 from tinyserve.frontend.request.admission import ending_error
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import (
+    KEEPALIVE,
     MARK,
+    Events,
     EventTemplate,
-    collect,
     progress_of,
     sse_event,
-    write_sse,
 )
-from tinyserve.frontend.request.state import LINK
 from tinyserve.protocol import RequestUpdate
 
 
-async def native_reply(
-    request: web.Request, stream: RequestStream, record: RequestRecord
-) -> web.StreamResponse:
-    """``/generate``'s reply: SSE or one JSON object, as the request asked."""
-    link = request.app[LINK]
-    if record.generation.stream:
-        return await write_sse(request, record.request_id, stream, _NativeEvents(record, link))
-    whole = await collect(stream)
-    error = ending_error(whole, link.load())
-    if error is not None:
-        error.request_id = record.request_id
-        return error.response()
-    reply = _reply(record, whole, text_of(whole), whole.prompt_logprobs)
-    return json_response(reply, headers={"X-Request-Id": record.request_id})
+class NativeReply:
+    """``/generate``'s reply: SSE or one JSON object, as the request asked (``sse.Answer``).
+    A queue timeout is an ending it reports, as every other."""
+
+    keepalive = KEEPALIVE
+    queue_timeout_refused = False
+
+    def events(self, record: RequestRecord, load: Callable[[], NodeLoad | None]) -> Events:
+        return _NativeEvents(record, load)
+
+    async def whole(self, record: RequestRecord, whole: RequestUpdate) -> web.Response:
+        reply = _reply(record, whole, text_of(whole), whole.prompt_logprobs)
+        return json_response(reply, headers={"X-Request-Id": record.request_id})
 
 
 class _NativeEvents:
     """Text deltas as they come, then the one final event (``sse.Events``)."""
 
-    def __init__(self, record: RequestRecord, link: EngineLink) -> None:
+    def __init__(self, record: RequestRecord, load: Callable[[], NodeLoad | None]) -> None:
         self._record = record
-        self._link = link
+        self._load = load
         self._prompt_logprobs: list[list[Any]] = []  # the engine's, for the final event
         self._delta = EventTemplate(sse_event(GenerateDelta(id=record.request_id, text=MARK)))
         self.ended = False
@@ -82,7 +80,7 @@ class _NativeEvents:
         if text:
             events.append(self._delta(text))
         if update.finish_reason is not None:
-            final = _final(record, update, self._prompt_logprobs, self._link.load())
+            final = _final(record, update, self._prompt_logprobs, self._load())
             events.append(sse_event(final))
             self.ended = True
         return events

@@ -174,7 +174,7 @@ async def _running(
     # choice reaches the engine before the choices that copy its prefill.
     tasks = [
         asyncio.create_task(
-            pipeline.run(
+            pipeline.run_with(
                 request, c.generation, reply, prompts[c.prompt].ids, request_id=c.request_id
             )
         )

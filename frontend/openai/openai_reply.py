@@ -6,6 +6,7 @@ chunks are ``openai_stream``'s. Finish reasons and errors are the chat path's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +32,7 @@ from tinyserve.frontend.openai.openai_replies import (
 )
 from tinyserve.frontend.openai.openai_stream import OpenAIFormat, StreamEvents
 from tinyserve.frontend.request.record import RequestRecord
-from tinyserve.frontend.request.sse import collect, write_sse
-from tinyserve.frontend.request.state import LINK
+from tinyserve.frontend.request.sse import KEEPALIVE, Events, collect
 from tinyserve.frontend.structured.reply_parser import ParsedReply
 from tinyserve.protocol import RequestUpdate
 
@@ -64,16 +64,13 @@ async def collect_or_error(
 class OpenAIReply(OpenAIFormat):
     """The ``Reply`` of one OpenAI request (see ``pipeline.run``)."""
 
-    async def __call__(
-        self, request: web.Request, stream: RequestStream, record: RequestRecord
-    ) -> web.StreamResponse:
-        link = request.app[LINK]
-        if record.generation.stream:
-            events = StreamEvents(self, [record], link.load)
-            return await write_sse(request, record.request_id, stream, events)
-        whole = await collect_or_error(stream, record, link.load())
-        if isinstance(whole, web.Response):
-            return whole
+    keepalive = KEEPALIVE
+    queue_timeout_refused = True
+
+    def events(self, record: RequestRecord, load: Callable[[], NodeLoad | None]) -> Events:
+        return StreamEvents(self, [record], load)
+
+    async def whole(self, record: RequestRecord, whole: RequestUpdate) -> web.Response:
         total = Usage.of(record.prompt_tokens_of(whole), record.generated, whole.cached_tokens)
         choice = await self.choice(0, whole)
         return self.respond(record, [choice], total, {"X-Request-Id": record.request_id})

@@ -157,7 +157,8 @@ def count_end(record: RequestRecord, code: int | None) -> None:
     metrics.request_duration_seconds.observe(record.ns_since_arrival() / 1e9)
     if finish.prompt_tokens:  # an end the engine reported (not one made up here)
         metrics.request_prompt_tokens.observe(finish.prompt_tokens)
-        metrics.request_generation_tokens.observe(record.generated)
+        if record.generation.max_tokens:  # an embedding request generates nothing to count
+            metrics.request_generation_tokens.observe(record.generated)
 
 
 def count_cancel(record: RequestRecord) -> None:

@@ -1,22 +1,27 @@
-"""The path every generation request takes once its surface has parsed and translated it.
+"""The path every request takes once its surface has parsed and translated it.
 
-tokenize -> admit (its limits, the board) -> submit -> wait for the engine's first word
-(accepted or rejected) -> hand the stream to the surface's ``Reply``. Headers go out only after
-that first word, so an engine-side rejection is still a proper 503 and not a stream that ends in
-an error. The surfaces differ only in how they parse and translate, and in how they reply.
+A generation (``run``): tokenize -> admit (its limits, the board) -> submit -> wait for the
+engine's first word (accepted or rejected) -> hand the stream to the surface's ``Reply``.
+Headers go out only after that first word, so an engine-side rejection is still a proper 503
+and not a stream that ends in an error. An embedding request (``embed``): its inputs
+tokenized by its surface -> admit (the board's embedding queue) -> the engine's one answer ->
+the surface's reply. Both have a record, a span, a ``request finished`` line and their
+metrics (``observe``). The surfaces differ only in how they parse and translate, and in how
+they reply.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from tinyserve import protocol
 from tinyserve.frontend.link.engine_client import EngineUnreachable
 from tinyserve.frontend.link.streams import RequestStream
-from tinyserve.frontend.models.errors import ApiError, invalid
+from tinyserve.frontend.models.errors import ENGINE_ERROR, ApiError, invalid
 from tinyserve.frontend.request import admission, notices
 from tinyserve.frontend.request.generation import Generation, check_token_ids
 from tinyserve.frontend.request.observe import (
@@ -27,7 +32,14 @@ from tinyserve.frontend.request.observe import (
     trace_context,
 )
 from tinyserve.frontend.request.record import RequestRecord
-from tinyserve.frontend.request.sse import ClientStalled, Reply, drop_connection
+from tinyserve.frontend.request.sse import (
+    Answer,
+    ClientStalled,
+    Reply,
+    collect,
+    drop_connection,
+    write_sse,
+)
 from tinyserve.frontend.request.state import CLIENT, CONFIG, LINK, METRICS, TOKENIZER
 from tinyserve.logs import fields
 
@@ -39,12 +51,24 @@ STAGE = "frontend"  # the admission_rejections_total stage of the refusals made 
 async def run(
     request: web.Request,
     req: Generation,
+    answer: Answer,
+    prompt_ids: list[int] | None = None,
+) -> web.StreamResponse:
+    """Serve ``req`` (its prompt tokenized here unless ``prompt_ids`` are given) and answer
+    it as its surface does: a stream, or the whole reply (``_answering``)."""
+    return await run_with(request, req, _answering(answer), prompt_ids)
+
+
+async def run_with(
+    request: web.Request,
+    req: Generation,
     reply: Reply,
     prompt_ids: list[int] | None = None,
     request_id: str = "",
 ) -> web.StreamResponse:
-    """Serve ``req`` (its prompt tokenized here unless ``prompt_ids`` are given); its record
-    is what its span, its ``request finished`` log line and its metrics read."""
+    """Serve ``req``, its accepted stream handed to ``reply`` (a choice of several passes
+    its stream on, or keeps its output: ``openai.choices``); its record is what its span, its
+    ``request finished`` log line and its metrics read."""
     record = RequestRecord.of(request, req, request.app[METRICS], request_id)
     with observe(request, record):
         try:
@@ -75,6 +99,73 @@ async def tokenized(
     if not given:  # the models refuse an empty prompt; this keeps a missed case from the engine
         raise invalid("'prompt' tokenizes to 0 tokens", "prompt")
     return given
+
+
+def embedding(priority: int, tenant: str) -> Generation:
+    """An embedding request as its record holds it: it generates nothing (``max_tokens`` 0);
+    its priority and tenant order it among embedding requests (the engine's policy)."""
+    return Generation("", 0, protocol.SamplingParams(), priority=priority, tenant=tenant,
+                      prompt_field="input")  # fmt: skip
+
+
+async def embed(
+    request: web.Request,
+    work: Generation,
+    inputs: Callable[[], Awaitable[list[list[int]]]],
+    reply: Callable[[protocol.Embedded], web.Response],
+) -> web.Response:
+    """Serve an embedding request: ``inputs`` tokenizes it (its surface's 400s), ``reply``
+    makes the response of its vectors."""
+    record = RequestRecord.of(request, work, request.app[METRICS])
+    with observe(request, record):
+        try:
+            token_ids = await inputs()
+            record.prompt_tokens = sum(len(ids) for ids in token_ids)
+            with step(request, record, "admission"):
+                _admit_embedding(request)
+            embedded = await _embedded(request, record, token_ids)
+        except ApiError as exc:
+            exc.request_id = record.request_id
+            raise
+        response = reply(embedded)
+        response.headers["X-Request-Id"] = record.request_id
+        record.status = response.status
+        return response
+
+
+def _admit_embedding(request: web.Request) -> None:
+    """The board's word: a 503 when the node's embedding queue is full or the engine drains
+    (the engine re-checks: frontends racing each other are refused there)."""
+    link = request.app[LINK]
+    limits, load = link.limits, link.load()
+    if limits is None or load is None:
+        raise admission.no_engine()
+    refusal = admission.admit_embedding(limits, load)
+    if refusal is not None:
+        request.app[METRICS].admission_rejections_total.labels(STAGE, refusal.label).inc()
+        raise refusal
+
+
+async def _embedded(
+    request: web.Request, record: RequestRecord, token_ids: list[list[int]]
+) -> protocol.Embedded:
+    """The engine's answer; an ending that is not ``stop`` raises its HTTP error."""
+    client, work = request.app[CLIENT], record.generation
+    embed = protocol.Embed(record.request_id, client.frontend_id, token_ids, record.arrival_ns,
+                           work.priority, work.tenant)  # fmt: skip
+    try:
+        embedded = await client.embed(embed)
+    except EngineUnreachable as exc:
+        raise admission.no_engine() from exc
+    record.finish = protocol.RequestUpdate(
+        record.request_id, 0, finish_reason=embedded.finish_reason,
+        prompt_tokens=embedded.prompt_tokens, detail=embedded.detail,
+    )  # fmt: skip
+    if embedded.finish_reason != protocol.FINISH_STOP:
+        error = admission.ending_error(record.finish, request.app[LINK].load(), "input")
+        raise error or ApiError(500, ENGINE_ERROR, f"embedding ended: {embedded.finish_reason}")
+    record.replied = True
+    return embedded
 
 
 def _admit(request: web.Request, record: RequestRecord) -> None:
@@ -171,3 +262,25 @@ async def _reply(
     record.replied = True
     with step(request, record, "streaming"):
         return await reply(request, stream, record)
+
+
+def _answering(answer: Answer) -> Reply:
+    """The one place a reply is chosen: the events of a stream when the request asked for
+    one, else the whole reply, or the HTTP error its ending is (raised: the error middleware
+    answers it in the path's shape)."""
+
+    async def reply(
+        request: web.Request, stream: RequestStream, record: RequestRecord
+    ) -> web.StreamResponse:
+        load = request.app[LINK].load
+        if record.generation.stream:
+            events = answer.events(record, load)
+            return await write_sse(request, record.request_id, stream, events, answer.keepalive)
+        whole = await collect(stream)
+        refused, field = answer.queue_timeout_refused, record.generation.prompt_field
+        error = admission.ending_error(whole, load(), field, queue_timeout_refused=refused)
+        if error is not None:
+            raise error
+        return await answer.whole(record, whole)
+
+    return reply

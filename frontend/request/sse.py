@@ -30,6 +30,7 @@ from typing import Protocol
 from aiohttp import web
 from pydantic import BaseModel
 
+from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.streams import RequestStream
 from tinyserve.frontend.models.common import to_json
 from tinyserve.frontend.models.progress import PromptProgress
@@ -57,10 +58,6 @@ STREAM_BUFFER_LOW = 4 * 1024  # ... and resumes it at or below this
 # the wait never lifts the buffer above the high mark, so aiohttp never blocks on its own.
 SLICE = STREAM_BUFFER_HIGH - STREAM_BUFFER_LOW - 256
 LAG_POLL_S = 0.02  # how often a waiting writer looks at the buffer (only while it lags)
-
-# How a surface answers once the engine accepted a request: the pipeline hands it the stream
-# and the request's record.
-Reply = Callable[[web.Request, RequestStream, RequestRecord], Awaitable[web.StreamResponse]]
 
 
 class Updates(Protocol):
@@ -90,6 +87,32 @@ class Events(Protocol):
 
     def failure_events(self) -> list[bytes]:
         """What ends the stream after a bug of ours; nothing when its end already went out."""
+        ...
+
+
+# What the pipeline hands an accepted request's stream to: a surface's ``Answer`` as the
+# pipeline makes it one (``pipeline.run``), or a choice of several (``openai.choices``).
+Reply = Callable[[web.Request, RequestStream, RequestRecord], Awaitable[web.StreamResponse]]
+
+
+class Answer(Protocol):
+    """How a surface answers once the engine accepted a request. The pipeline decides which
+    of the two a request gets (its ``stream``): the events of a stream (``write_sse`` writes
+    them, and ``keepalive`` while the stream is quiet), or the whole reply of an ending that is
+    not an error (the pipeline collects the output and raises an error's ending, which the
+    error middleware answers in the path's shape)."""
+
+    keepalive: bytes
+    # A request that timed out waiting for a slot is a 503 (no token was made), rather than
+    # an ending the reply reports.
+    queue_timeout_refused: bool
+
+    def events(self, record: RequestRecord, load: Callable[[], NodeLoad | None]) -> Events:
+        """The events of the request's stream."""
+        ...
+
+    async def whole(self, record: RequestRecord, whole: RequestUpdate) -> web.Response:
+        """The whole reply to the request's output ``whole``."""
         ...
 
 

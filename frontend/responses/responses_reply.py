@@ -22,17 +22,15 @@ from typing import Any
 
 from aiohttp import web
 
-from tinyserve.frontend.chat.chat_output import ChatEvents, Ending, collect_ending
+from tinyserve.frontend.chat.chat_output import ChatEvents, Ending, whole_ending
 from tinyserve.frontend.link.board_view import NodeLoad
-from tinyserve.frontend.link.streams import RequestStream
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import ApiError
 from tinyserve.frontend.models.progress import PromptProgress
 from tinyserve.frontend.models.tools import ToolCall
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.record import RequestRecord
-from tinyserve.frontend.request.sse import sse_event, write_sse
-from tinyserve.frontend.request.state import LINK
+from tinyserve.frontend.request.sse import KEEPALIVE, Events, sse_event
 from tinyserve.frontend.responses.responses_replies import (
     ArgumentsDelta,
     ArgumentsDone,
@@ -76,14 +74,14 @@ class ResponsesReply:
         self.created = int(time.time())
         self._fields = _echoed(req, model, generation)  # what every Response repeats of the request
 
-    async def __call__(
-        self, request: web.Request, stream: RequestStream, record: RequestRecord
-    ) -> web.StreamResponse:
-        load = request.app[LINK].load
-        if record.generation.stream:
-            events = _ResponseEvents(self, record, load)
-            return await write_sse(request, record.request_id, stream, events)
-        whole, ending = await collect_ending(stream, load, self.parser)
+    keepalive = KEEPALIVE
+    queue_timeout_refused = True
+
+    def events(self, record: RequestRecord, load: Callable[[], NodeLoad | None]) -> Events:
+        return _ResponseEvents(self, record, load)
+
+    async def whole(self, record: RequestRecord, whole: RequestUpdate) -> web.Response:
+        ending = whole_ending(whole, self.parser)
         status = _status(ending)
         items: list[OutputItem] = []
         if ending.reasoning:

@@ -251,3 +251,39 @@ def test_an_embedding_request_has_a_timeline(node: Node) -> None:
     assert isinstance(queue, dict) and isinstance(finish, dict)
     assert queue["rule"].startswith("tenant=indexer")  # the default policy, wfq
     assert finish["reason"] == "stop"
+
+
+def test_an_embedding_request_is_logged_and_counted_as_every_request(node: Node) -> None:
+    """Through the one request pipeline: a ``request finished`` line with its id, route,
+    tenant and prompt tokens, and ``tinyserve_requests_total``; a 400 about an input (raised
+    while the request is already recorded) has its line too."""
+
+    async def run() -> tuple[str, str, int, str]:
+        async with aiohttp.ClientSession() as session:
+            url = f"{node.url}/v1/embeddings"
+            body = {"input": TEXTS[:2], "tenant": "logged"}
+            async with session.post(url, json=body) as resp:
+                assert resp.status == 200
+                served, tokens = resp.headers["X-Request-Id"], (await resp.json())["usage"]
+            body = {"input": ["word " * (2 * MAX_TOKENS)], "tenant": "logged"}
+            async with session.post(url, json=body) as resp:
+                assert resp.status == 400
+                refused = resp.headers["X-Request-Id"]
+            async with session.get(f"{node.url}/metrics") as resp:
+                metrics = await resp.text()
+            return served, refused, tokens["prompt_tokens"], metrics
+
+    served, refused, prompt_tokens, metrics = asyncio.run(run())
+    lines = {
+        fields["request_id"]: fields
+        for line in node.log().splitlines()
+        if "request finished" in line
+        for fields in [dict(kv.split("=", 1) for kv in line.split() if "=" in kv)]
+    }
+    assert lines[served]["route"] == "/v1/embeddings"
+    assert (lines[served]["tenant"], lines[served]["status"]) == ("logged", "200")
+    assert lines[served]["finish_reason"] == "stop"
+    assert lines[served]["prompt_tokens"] == str(prompt_tokens)
+    assert (lines[refused]["status"], lines[refused]["finish_reason"]) == ("400", "rejected")
+    assert 'tinyserve_requests_total{code="200",finish_reason="stop"}' in metrics
+    assert 'tinyserve_requests_total{code="400",finish_reason="rejected"}' in metrics
