@@ -11,6 +11,7 @@ from pydantic import Field, RootModel
 from tinyserve.frontend.models.common import Reply
 from tinyserve.frontend.models.errors import AnthropicError
 from tinyserve.frontend.models.progress import PromptProgress
+from tinyserve.frontend.models.usage import TokenCounts
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn"]
 
@@ -25,11 +26,11 @@ class AnthropicUsage(Reply):
     cache_read_input_tokens: int = Field(description="prompt tokens served from the prefix cache")
 
     @classmethod
-    def of(cls, prompt_tokens: int, output_tokens: int, cached_tokens: int) -> AnthropicUsage:
+    def of(cls, counts: TokenCounts) -> AnthropicUsage:
         return cls(
-            input_tokens=prompt_tokens - cached_tokens,
-            output_tokens=output_tokens,
-            cache_read_input_tokens=cached_tokens,
+            input_tokens=counts.prompt - counts.cached,
+            output_tokens=counts.completion,
+            cache_read_input_tokens=counts.cached,
         )
 
 

@@ -98,7 +98,7 @@ class AnthropicReply:
             *map(_tool_use, ending.calls),
         ]
         stop = self.stop(whole, ending.reason)
-        body = self.message(record, content, stop, _usage(record, whole))
+        body = self.message(record, content, stop, AnthropicUsage.of(record.counts(whole)))
         return json_response(body, headers={"X-Request-Id": record.request_id})
 
     def message(
@@ -125,10 +125,6 @@ class AnthropicReply:
         if end.stop_string:
             return "stop_sequence", end.stop_string
         return "end_turn", None
-
-
-def _usage(record: RequestRecord, end: RequestUpdate) -> AnthropicUsage:
-    return AnthropicUsage.of(record.prompt_tokens_of(end), record.generated, end.cached_tokens)
 
 
 def _text_blocks(text: str, calls: list[ToolCall]) -> list[ContentBlock]:
@@ -159,7 +155,7 @@ class _MessageEvents(ChatEvents):
         self._streamed = 0  # tool uses started as they were written
 
     def opening(self) -> list[bytes]:
-        usage = AnthropicUsage.of(self.record.prompt_tokens, 0, 0)
+        usage = AnthropicUsage.of(self.record.counts())
         return [event(MessageStart(message=self._reply.message(self.record, [], None, usage)))]
 
     def progress(self, progress: PromptProgress) -> bytes:
@@ -233,6 +229,6 @@ class _MessageEvents(ChatEvents):
             events.append(event(ContentBlockDelta(index=self._blocks - 1, delta=delta)))
             events.append(event(ContentBlockStop(index=self._blocks - 1)))
         reason, sequence = self._reply.stop(end, ending.reason)
-        usage = _usage(self.record, end)
+        usage = AnthropicUsage.of(self.record.counts(end))
         stop = StopInfo(stop_reason=reason, stop_sequence=sequence)
         return [*events, event(MessageDelta(delta=stop, usage=usage)), event(MessageStop())]

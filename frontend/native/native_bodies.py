@@ -15,6 +15,7 @@ from tinyserve.frontend.models.common import Reply, Text, cross_field, expect, i
 from tinyserve.frontend.models.errors import ErrorDetail
 from tinyserve.frontend.models.fields import MAX_TOKENS_TEXT, LogprobCount, OutputLength, Sampling
 from tinyserve.frontend.models.progress import PromptProgress
+from tinyserve.frontend.models.usage import TokenCounts
 
 
 class GenerateRequest(Sampling):
@@ -91,6 +92,14 @@ class NativeUsage(Reply):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = Field(description="prompt tokens served from the prefix cache")
+
+    @classmethod
+    def of(cls, counts: TokenCounts) -> NativeUsage:
+        return cls(
+            prompt_tokens=counts.prompt,
+            completion_tokens=counts.completion,
+            cached_tokens=counts.cached,
+        )
 
 
 class _Final(Reply):

@@ -91,11 +91,7 @@ class _NativeEvents:
         event = GenerateFailure(
             id=self._record.request_id,
             error=internal_error().body().error,
-            usage=NativeUsage(
-                prompt_tokens=self._record.prompt_tokens,
-                completion_tokens=self._record.generated,
-                cached_tokens=0,
-            ),
+            usage=NativeUsage.of(self._record.counts()),
         )
         return [sse_event(event)]
 
@@ -112,7 +108,7 @@ def _final(
     return GenerateFailure(
         id=record.request_id,
         error=error.body().error,
-        usage=_usage(record, end),
+        usage=NativeUsage.of(record.counts(end)),
         timeline=_timeline(record, end),
     )
 
@@ -126,7 +122,7 @@ def _reply(
         id=record.request_id,
         text=text,
         finish_reason=cast(NativeFinishReason, end.finish_reason),  # errors went another way
-        usage=_usage(record, end),
+        usage=NativeUsage.of(record.counts(end)),
         timeline=_timeline(record, end),
         prompt_logprobs=_prompt_logprobs(record, prompt_entries),
     )
@@ -147,14 +143,6 @@ def _prompt_logprobs(
         for token, (logprob, top) in zip(record.prompt_ids[1:], entries, strict=False)
     ]
     return [None, *scored]
-
-
-def _usage(record: RequestRecord, end: RequestUpdate) -> NativeUsage:
-    return NativeUsage(
-        prompt_tokens=record.prompt_tokens_of(end),
-        completion_tokens=record.generated,
-        cached_tokens=end.cached_tokens,
-    )
 
 
 def _timeline(record: RequestRecord, end: RequestUpdate) -> dict[str, Any] | None:

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from tinyserve.frontend.chat.logprobs import token_logprobs
 from tinyserve.frontend.link.streams import Inbox, RequestStream
+from tinyserve.frontend.models.usage import TokenCounts
 from tinyserve.frontend.openai.openai_replies import Usage
 from tinyserve.frontend.openai.openai_reply import Echo, OpenAIReply, collect_or_error
 from tinyserve.frontend.openai.openai_stream import StreamEvents
@@ -239,9 +240,8 @@ def _headers(served: list[Result]) -> dict[str, str]:
 
 def usage(results: list[Result], prompts: list[Prompt]) -> Usage:
     """Summed over the choices; each prompt's tokens once (its choices shared its prefill)."""
-    completion_tokens = sum(r.record.generated for r in results)
-    cached = sum(r.whole.cached_tokens for r in results)
-    return Usage.of(sum(len(p.ids) for p in prompts), completion_tokens, cached)
+    counts = [r.record.counts(r.whole) for r in results]
+    return Usage.of(TokenCounts.summed(counts, sum(len(p.ids) for p in prompts)))
 
 
 async def json_reply(

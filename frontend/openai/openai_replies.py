@@ -17,6 +17,7 @@ from tinyserve.frontend.models.chat import FinishReason
 from tinyserve.frontend.models.common import Reply, is_none
 from tinyserve.frontend.models.progress import PromptProgress
 from tinyserve.frontend.models.tools import ToolCall
+from tinyserve.frontend.models.usage import TokenCounts
 
 PROGRESS_CHUNK_TEXT = "return_progress: the prompt's prefill so far, in a chunk of no choice"
 
@@ -32,13 +33,12 @@ class Usage(Reply):
     prompt_tokens_details: PromptTokensDetails
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
-        """The usage of these counts; ``cached_tokens``: prompt tokens the prefix cache served."""
+    def of(cls, counts: TokenCounts) -> Usage:
         return cls(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+            prompt_tokens=counts.prompt,
+            completion_tokens=counts.completion,
+            total_tokens=counts.prompt + counts.completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=counts.cached),
         )
 
 

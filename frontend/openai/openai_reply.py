@@ -71,7 +71,7 @@ class OpenAIReply(OpenAIFormat):
         return StreamEvents(self, [record], load)
 
     async def whole(self, record: RequestRecord, whole: RequestUpdate) -> web.Response:
-        total = Usage.of(record.prompt_tokens_of(whole), record.generated, whole.cached_tokens)
+        total = Usage.of(record.counts(whole))
         choice = await self.choice(0, whole)
         return self.respond(record, [choice], total, {"X-Request-Id": record.request_id})
 

@@ -24,6 +24,7 @@ from tinyserve.frontend.link.streams import text_of
 from tinyserve.frontend.models.chat import FinishReason
 from tinyserve.frontend.models.common import to_json
 from tinyserve.frontend.models.errors import ApiError, internal_error
+from tinyserve.frontend.models.usage import TokenCounts
 from tinyserve.frontend.openai.openai_logprobs import chat_logprobs, completion_logprobs
 from tinyserve.frontend.openai.openai_replies import (
     ChatChunkChoice,
@@ -243,12 +244,10 @@ class StreamEvents:
         return events
 
     def _usage(self) -> Usage:
-        ends = [end for end in self._ends if end is not None]
-        prompt_tokens = self._prompt_tokens
-        if prompt_tokens is None:
-            prompt_tokens = self._records[0].prompt_tokens_of(ends[0])
-        completion_tokens = sum(record.generated for record in self._records)
-        return Usage.of(prompt_tokens, completion_tokens, sum(e.cached_tokens for e in ends))
+        ends = zip(self._records, self._ends, strict=True)
+        counts = [record.counts(end) for record, end in ends if end is not None]
+        prompt = counts[0].prompt if self._prompt_tokens is None else self._prompt_tokens
+        return Usage.of(TokenCounts.summed(counts, prompt))
 
 
 def _error_event(error: ApiError) -> bytes:

@@ -20,6 +20,7 @@ from opentelemetry.trace import Span
 
 from tinyserve import protocol
 from tinyserve.frontend.link.streams import ENGINE_LOST
+from tinyserve.frontend.models.usage import TokenCounts
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.metrics import FrontendMetrics
 
@@ -103,6 +104,14 @@ class RequestRecord:
     def prompt_tokens_of(self, finish: protocol.RequestUpdate) -> int:
         """The prompt's length: the engine's figure, else our own count."""
         return finish.prompt_tokens or self.prompt_tokens
+
+    def counts(self, end: protocol.RequestUpdate | None = None) -> TokenCounts:
+        """What its reply's usage says, in every surface's words: the prompt's tokens, the
+        tokens the reply took, those the prefix cache served; before ``end`` came (a stream
+        that opens, or fails), our own prompt count and nothing cached."""
+        if end is None:
+            return TokenCounts(self.prompt_tokens, self.generated, 0)
+        return TokenCounts(self.prompt_tokens_of(end), self.generated, end.cached_tokens)
 
     @property
     def replied_finish(self) -> protocol.RequestUpdate | None:

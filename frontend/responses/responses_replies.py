@@ -10,6 +10,7 @@ from pydantic import Field, RootModel
 
 from tinyserve.frontend.models.common import Reply
 from tinyserve.frontend.models.progress import PromptProgress
+from tinyserve.frontend.models.usage import TokenCounts
 
 ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed"]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
@@ -32,12 +33,12 @@ class ResponsesUsage(Reply):
     total_tokens: int
 
     @classmethod
-    def of(cls, prompt_tokens: int, output_tokens: int, cached_tokens: int) -> ResponsesUsage:
+    def of(cls, counts: TokenCounts) -> ResponsesUsage:
         return cls(
-            input_tokens=prompt_tokens,
-            input_tokens_details=InputTokensDetails(cached_tokens=cached_tokens),
-            output_tokens=output_tokens,
-            total_tokens=prompt_tokens + output_tokens,
+            input_tokens=counts.prompt,
+            input_tokens_details=InputTokensDetails(cached_tokens=counts.cached),
+            output_tokens=counts.completion,
+            total_tokens=counts.prompt + counts.completion,
         )
 
 

@@ -89,7 +89,7 @@ class ResponsesReply:
         if ending.text or not ending.calls:
             items.append(message(record, ending.text, status))
         items += [function_call(call, "completed") for call in ending.calls]
-        body = self.response(record, status, items, _usage(record, whole))
+        body = self.response(record, status, items, ResponsesUsage.of(record.counts(whole)))
         return json_response(body, headers={"X-Request-Id": record.request_id})
 
     def response(
@@ -184,10 +184,6 @@ def _normal(arguments: str) -> str:
 
 def _status(ending: Ending) -> ResponseStatus:
     return "incomplete" if ending.reason == "length" else "completed"
-
-
-def _usage(record: RequestRecord, end: RequestUpdate) -> ResponsesUsage:
-    return ResponsesUsage.of(record.prompt_tokens_of(end), record.generated, end.cached_tokens)
 
 
 class _ResponseEvents(ChatEvents):
@@ -355,6 +351,6 @@ class _ResponseEvents(ChatEvents):
         events += self._close_call(last)
         for call in ending.calls[self._streamed :]:  # those not streamed: whole
             events += self._whole_call(call)
-        usage = _usage(self.record, end)
+        usage = ResponsesUsage.of(self.record.counts(end))
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         return [*events, self._lifecycle(kind, status, usage=usage)]

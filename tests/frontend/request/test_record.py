@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from tinyserve import protocol
+from tinyserve.frontend.models.usage import TokenCounts
 from tinyserve.frontend.request.generation import Generation
 from tinyserve.frontend.request.record import RequestRecord
 
@@ -65,3 +66,14 @@ def test_prompt_length_is_the_engines_figure_else_our_own_count() -> None:
     rec.prompt_tokens = 5
     assert rec.prompt_tokens_of(taken(finish_reason=protocol.FINISH_STOP, prompt_tokens=7)) == 7
     assert rec.prompt_tokens_of(taken(finish_reason=protocol.FINISH_ERROR, detail="made up")) == 5
+
+
+def test_a_replys_counts_are_taken_once_for_every_surface() -> None:
+    rec = record()
+    rec.prompt_tokens = 5
+    rec.take(protocol.RequestUpdate(rec.request_id, 0, token_ids=[1, 2, 3]))
+    assert rec.counts() == TokenCounts(5, 3, 0)  # before the end: our count, nothing cached
+    end = taken(finish_reason=protocol.FINISH_STOP, prompt_tokens=7, cached_tokens=4)
+    assert rec.counts(end) == TokenCounts(7, 3, 4)
+    # a call's choices: their tokens and cached tokens summed, its prompt once
+    assert TokenCounts.summed([TokenCounts(7, 3, 4), TokenCounts(7, 2, 7)], 7) == (7, 5, 11)
