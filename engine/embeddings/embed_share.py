@@ -36,6 +36,7 @@ class EmbedShare:
         assert 0 < share <= 1 and tick_tokens > 0 and max_tokens > 0 and part_decodes > 0
         self.share = share
         self.tick_tokens = min(tick_tokens, max_tokens)
+        self.min_part = min(MIN_PART, self.tick_tokens)  # the first part's, and the floor
         self.max_tokens = max_tokens
         self.part_decodes = part_decodes
         self.owed_ns = 0.0  # embedding time earned by generation's decodes, not yet spent
@@ -54,12 +55,12 @@ class EmbedShare:
     def part_tokens(self) -> int:
         """The tokens of a part beside generation: about ``part_decodes`` decodes' time."""
         if not (self.decode_ns and self.token_ns):  # unmeasured: the smallest part
-            return min(MIN_PART, self.tick_tokens)
+            return self.min_part
         fits = int(self.part_decodes * self.decode_ns / self.token_ns)
-        return max(min(MIN_PART, self.tick_tokens), min(fits, self.tick_tokens))
+        return max(self.min_part, min(fits, self.tick_tokens))
 
     def ran(
-        self, generating: bool, generation_ns: int, embedding_ns: int, embedding_tokens: int = 0
+        self, generating: bool, generation_ns: int, embedding_ns: int, embedding_tokens: int
     ) -> None:
         """What the tick's two decodes took (and the part's tokens), while embeddings waited."""
         if generating:

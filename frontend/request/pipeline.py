@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from tinyserve import protocol
+from tinyserve.frontend.link.board_view import Limits, NodeLoad
 from tinyserve.frontend.link.engine_client import EngineUnreachable
 from tinyserve.frontend.link.streams import RequestStream
 from tinyserve.frontend.models.errors import ENGINE_ERROR, ApiError, invalid
@@ -136,14 +137,8 @@ async def embed(
 def _admit_embedding(request: web.Request) -> None:
     """The board's word: a 503 when the node's embedding queue is full or the engine drains
     (the engine re-checks: frontends racing each other are refused there)."""
-    link = request.app[LINK]
-    limits, load = link.limits, link.load()
-    if limits is None or load is None:
-        raise admission.no_engine()
-    refusal = admission.admit_embedding(limits, load)
-    if refusal is not None:
-        request.app[METRICS].admission_rejections_total.labels(STAGE, refusal.label).inc()
-        raise refusal
+    limits, load = _board(request)
+    _refuse(request, admission.admit_embedding(limits, load))
 
 
 async def _embedded(
@@ -170,10 +165,7 @@ async def _embedded(
 
 def _admit(request: web.Request, record: RequestRecord) -> None:
     """Its limits and the board; raises the refusal, if any."""
-    link = request.app[LINK]
-    limits, load = link.limits, link.load()
-    if limits is None or load is None:
-        raise admission.no_engine()
+    limits, load = _board(request)
     prompt_tokens, config = record.prompt_tokens, request.app[CONFIG]
     _clamp(request, record, limits.n_ctx, config.max_tokens_limit)
     req, max_prompt = record.generation, config.max_prompt_tokens
@@ -181,6 +173,20 @@ def _admit(request: web.Request, record: RequestRecord) -> None:
         prompt_tokens, req.max_tokens, limits, load, max_prompt, req.prompt_field
     )
     record.admission = admission_figures(record, limits, load, refusal)
+    _refuse(request, refusal)
+
+
+def _board(request: web.Request) -> tuple[Limits, NodeLoad]:
+    """The engine's limits and the board's load now; a 503 while there is no engine."""
+    link = request.app[LINK]
+    limits, load = link.limits, link.load()
+    if limits is None or load is None:
+        raise admission.no_engine()
+    return limits, load
+
+
+def _refuse(request: web.Request, refusal: admission.NeverFits | admission.NotNow | None) -> None:
+    """Count and raise the frontend's refusal, if there is one."""
     if refusal is not None:
         request.app[METRICS].admission_rejections_total.labels(STAGE, refusal.label).inc()
         raise refusal
