@@ -81,13 +81,13 @@ def test_a_listener_that_stops_reading_never_blocks_the_sender(
     assert sent[0] and not sent[-1]
 
 
-def test_watchdog_interval_is_half_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_watchdog_interval_is_a_quarter_of_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NOTIFY_SOCKET", "/run/systemd/notify")
     monkeypatch.setenv("WATCHDOG_USEC", "30000000")
     assert config.notify_socket() == "/run/systemd/notify"
-    assert config.watchdog_interval_s() == 15.0
+    assert config.watchdog_interval_s() == 7.5
     monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
-    assert config.watchdog_interval_s() == 15.0
+    assert config.watchdog_interval_s() == 7.5
     monkeypatch.setenv("WATCHDOG_PID", str(os.getppid()))  # our parent's watchdog, not ours
     assert config.watchdog_interval_s() is None
     monkeypatch.delenv("WATCHDOG_PID")
@@ -111,7 +111,7 @@ def busy_pings(pings: list[float], streams: list[TimedStream]) -> int:
 @pytest.mark.integration
 async def test_engine_pings_the_watchdog_from_its_loop(tmp_path: Path) -> None:
     """A real engine with a 1 s watchdog: READY=1 with its pid once serving, a ping every
-    ~0.5 s while idle and while decoding (never a gap systemd would kill it for), and
+    ~0.25 s while idle and while decoding (never a gap systemd would kill it for), and
     STOPPING=1 on SIGTERM."""
     node = UnitNode(tmp_path, 1, env={"WATCHDOG_USEC": str(WATCHDOG_USEC)})
     pings: list[float] = []
