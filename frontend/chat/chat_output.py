@@ -1,9 +1,11 @@
-"""For the surfaces that answer in other shapes what the chat surface generates (Anthropic's
-Messages, OpenAI's Responses): a chat reply's thinking, text and tool calls as they come
-(``ChatOutput``; the text held back while it may still be a tool call), then at the end its
-last text, its tool calls and its finish reason, decided as a chat completion decides them;
-and the order of a streamed reply's events (``ChatEvents``), which each surface fills in
-with its own."""
+"""The neutral reply of every surface that speaks in conversations (chat completions,
+Anthropic's Messages, OpenAI's Responses): a chat reply's thinking, text and tool calls as
+they come (``ChatOutput``; the text held back while it may still be a tool call, a call's
+name and arguments as they are written), then at the end its last text, its tool calls and
+its finish reason; a whole reply read the same way (``whole_ending``); and the order of a
+streamed reply's events (``ChatEvents``), which Messages and Responses fill in with their
+own (chat completions, whose stream carries several choices, reads ``ChatOutput`` per
+choice)."""
 
 from __future__ import annotations
 
@@ -62,10 +64,8 @@ class ChatOutput:
 def whole_ending(whole: RequestUpdate, parser: ReplyParser) -> Ending:
     """A whole reply's ending, read by ``parser``: all its thinking, text and tool calls
     (an ending that is not an error: the pipeline raised those)."""
-    chat = ChatOutput(parser)
-    chat.feed(text_of(whole))
-    ending = chat.end(whole)
-    return Ending(chat.reasoning, chat.text, ending.calls, ending.reason)
+    parsed = parser.parse(text_of(whole), finish_reason(whole))
+    return Ending(parsed.reasoning, parsed.content, parsed.calls, parsed.reason)
 
 
 class ChatEvents(ABC):

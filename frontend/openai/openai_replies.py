@@ -4,7 +4,7 @@ list (errors: ``models.errors``).
 A stream chunk's ``usage`` is sent (null but on the last chunk) only when the request asked
 for ``stream_options.include_usage``: the reply leaves the field out otherwise. A chat delta
 holds only what it carries: ``role`` on the first chunk, ``content`` when there is text,
-``reasoning_content`` when there is thinking.
+``reasoning_content`` when there is thinking, ``tool_calls`` as the calls are written.
 """
 
 from __future__ import annotations
@@ -78,10 +78,30 @@ class CompletionChoice(CompletionChunkChoice):
     finish_reason: FinishReason
 
 
-class ToolCallDelta(ToolCall):
-    """A streamed tool call: this server sends each one whole, in one delta."""
+class FunctionDelta(Reply):
+    name: str | None = Field(default=None, exclude_if=is_none)
+    arguments: str = Field(description="more of the arguments' JSON text")
+
+
+class ToolCallDelta(Reply):
+    """A streamed tool call, as OpenAI's: its start (``id``, ``type``, the function's
+    ``name``) once the name is written, then more of its arguments at the same ``index``."""
 
     index: int
+    id: str | None = Field(default=None, exclude_if=is_none)
+    type: Literal["function"] | None = Field(default=None, exclude_if=is_none)
+    function: FunctionDelta
+
+    @classmethod
+    def start(cls, index: int, call_id: str, name: str, arguments: str = "") -> ToolCallDelta:
+        return cls(
+            index=index, id=call_id, type="function",
+            function=FunctionDelta(name=name, arguments=arguments),
+        )  # fmt: skip
+
+    @classmethod
+    def more(cls, index: int, arguments: str) -> ToolCallDelta:
+        return cls(index=index, function=FunctionDelta(arguments=arguments))
 
 
 class AssistantMessage(Reply):

@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tinyserve.frontend.chat.chat_output import Ending, whole_ending
 from tinyserve.frontend.chat.ending import finish_reason, reply_error
 from tinyserve.frontend.chat.logprobs import TokenLogprob
 from tinyserve.frontend.link.board_view import NodeLoad
@@ -33,7 +34,6 @@ from tinyserve.frontend.openai.openai_replies import (
 from tinyserve.frontend.openai.openai_stream import OpenAIFormat, StreamEvents
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import KEEPALIVE, Events, collect
-from tinyserve.frontend.structured.reply_parser import ParsedReply
 from tinyserve.protocol import RequestUpdate
 
 WholeChoice = CompletionChoice | ChatChoice
@@ -81,16 +81,16 @@ class OpenAIReply(OpenAIFormat):
         """The choice at ``index`` of a whole reply; a chat reply's text is read by the
         request's ``parser`` (thinking, text and tool calls)."""
         tokens = await self.logprobs_of(whole.token_ids, whole.logprobs)
-        reason, text = finish_reason(whole), text_of(whole)
         if self.surface.chat:
-            parsed = self.parser.parse(text, reason)
+            ending = whole_ending(whole, self.parser)
             logprobs = None if tokens is None else chat_logprobs(tokens)
             return ChatChoice(
                 index=index,
-                message=_message(parsed),
+                message=_message(ending),
                 logprobs=logprobs,
-                finish_reason=parsed.reason,
+                finish_reason=ending.reason,
             )
+        reason, text = finish_reason(whole), text_of(whole)
         text_logprobs = None if tokens is None else completion_logprobs(tokens, 0)
         if echo is not None:
             text = echo.text + text
@@ -110,10 +110,10 @@ class OpenAIReply(OpenAIFormat):
         return json_response(reply, headers=headers)
 
 
-def _message(parsed: ParsedReply) -> AssistantMessage:
+def _message(ending: Ending) -> AssistantMessage:
     """A whole reply's message: no content when it is only tool calls."""
     return AssistantMessage(
-        content=parsed.content if parsed.content or not parsed.calls else None,
-        reasoning_content=parsed.reasoning or None,
-        tool_calls=parsed.calls or None,
+        content=ending.text if ending.text or not ending.calls else None,
+        reasoning_content=ending.reasoning or None,
+        tool_calls=ending.calls or None,
     )

@@ -4,8 +4,9 @@
 chunks carry ``usage``, the logprobs asked for, how a chat reply is read) and makes the
 chunks; ``StreamEvents`` is what ``sse.write_sse`` writes for a stream: a chat stream opens
 with a ``role`` delta per choice, then each choice's deltas at its ``index`` as its updates
-come (a chat choice's text read for thinking and tool calls, which come whole at its end),
-its finish chunk, and once every choice ended the usage chunk when asked (summed over the
+come (a chat choice read by the neutral ``ChatOutput``: its thinking, its text, and its tool
+calls as they are written, a call's start once its name is, then its arguments), its finish
+chunk, and once every choice ended the usage chunk when asked (summed over the
 choices) and ``[DONE]``; an error ends the whole stream.
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tinyserve.frontend.chat.chat_output import ChatOutput
 from tinyserve.frontend.chat.ending import finish_reason, reply_error
 from tinyserve.frontend.chat.logprobs import TokenLogprob, token_logprobs
 from tinyserve.frontend.chat.reply_ids import CHAT_ID_PREFIX, COMPLETION_ID_PREFIX
@@ -38,7 +40,7 @@ from tinyserve.frontend.openai.openai_replies import (
 from tinyserve.frontend.prompt.tokenizer import Tokenizer
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import MARK, EventTemplate, progress_of, sse_event
-from tinyserve.frontend.structured.reply_parser import ReplyParser, ReplyStream
+from tinyserve.frontend.structured.reply_parser import CallDelta, ReplyParser
 from tinyserve.protocol import RequestUpdate
 
 DONE = sse_event("[DONE]")
@@ -110,7 +112,7 @@ class OpenAIFormat:
         if self.surface.chat:
             delta = ChatDelta(
                 role="assistant" if first else None,
-                content=None if reasoning and not text else text,
+                content=None if (reasoning or calls) and not text else text,
                 reasoning_content=reasoning or None,
                 tool_calls=calls,
             )
@@ -154,16 +156,15 @@ class StreamEvents:
         self._prompt_tokens = prompt_tokens  # None: the one choice's record says
         self._index = {record.request_id: i for i, record in enumerate(records)}
         # Per choice: its chunk of plain text, the text sent (text_offset), its reply read as
-        # it comes (chat), its end once it went out.
+        # it comes (chat) and the tool calls it started, its end once it went out.
         first = records[0]
         self._texts = [
             EventTemplate(form.chunk(first, MARK, None, None, index=i)) for i in range(len(records))
         ]
         self._chars = [0] * len(records)
         chat = form.surface.chat
-        self._reading: list[ReplyStream | None] = [
-            form.parser.stream() if chat else None for _ in records
-        ]
+        self._reading = [ChatOutput(form.parser) if chat else None for _ in records]
+        self._streamed = [0] * len(records)
         self._ends: list[RequestUpdate | None] = [None] * len(records)
         self._failed = False
         self._done = False
@@ -206,21 +207,36 @@ class StreamEvents:
         tokens = None
         if update.token_ids:
             tokens = await self._form.logprobs_of(update.token_ids, update.logprobs)
-        reasoning, text = "", text_of(update)
+        reasoning, text, calls = "", text_of(update), None
         reading = self._reading[index]
-        if reading is not None:  # tool calls go out whole, at the end (``_end``)
+        if reading is not None:
             parts = reading.feed(text)
             reasoning, text = parts.reasoning, parts.content
-        if not text and not reasoning and tokens is None:
+            calls = self._call_deltas(index, parts.calls)
+        if not text and not reasoning and not calls and tokens is None:
             return None
         offset = self._chars[index]
         self._chars[index] += len(text)
-        if not reasoning and tokens is None:
+        if not reasoning and not calls and tokens is None:
             return self._texts[index](text)
         return self._form.chunk(
             self._records[0], text, tokens, None, text_offset=offset, reasoning=reasoning,
-            index=index,
+            calls=calls or None, index=index,
         )  # fmt: skip
+
+    def _call_deltas(self, index: int, deltas: tuple[CallDelta, ...]) -> list[ToolCallDelta]:
+        """The choice's tool calls as they are written: a call's start, more arguments; one
+        entry per call in a chunk, as OpenAI's."""
+        calls: list[ToolCallDelta] = []
+        for delta in deltas:
+            if delta.name:
+                self._streamed[index] += 1
+                calls.append(ToolCallDelta.start(delta.index, delta.id, delta.name))
+            elif calls and calls[-1].index == delta.index:
+                calls[-1].function.arguments += delta.arguments
+            else:
+                calls.append(ToolCallDelta.more(delta.index, delta.arguments))
+        return calls
 
     def _end(self, index: int, end: RequestUpdate) -> list[bytes]:
         error = reply_error(end, self._load())
@@ -230,15 +246,16 @@ class StreamEvents:
         self._ends[index] = end
         reason, events, first = finish_reason(end), [], self._records[0]
         reading = self._reading[index]
-        if reading is not None:  # what was held back: tool calls, or text after all
-            tail = reading.end(reason)
+        if reading is not None:  # what was held back: text after all, calls not streamed
+            tail = reading.end(end)
             reason = tail.reason
-            calls = [ToolCallDelta(index=i, **call.model_dump()) for i, call in
-                     enumerate(tail.calls)] or None  # fmt: skip
-            if tail.content or tail.reasoning or calls:
+            whole = enumerate(tail.calls[self._streamed[index] :], self._streamed[index])
+            calls = [ToolCallDelta.start(i, call.id, call.function.name, call.function.arguments)
+                     for i, call in whole]  # fmt: skip
+            if tail.text or tail.reasoning or calls:
                 events.append(self._form.chunk(
-                    first, tail.content or None, None, None, reasoning=tail.reasoning,
-                    calls=calls, index=index,
+                    first, tail.text or None, None, None, reasoning=tail.reasoning,
+                    calls=calls or None, index=index,
                 ))  # fmt: skip
         events.append(self._form.chunk(first, None, None, reason, index=index))
         return events

@@ -180,6 +180,7 @@ class _CallStream:
         self.ids: list[str] = []  # of the calls started, in order
         self._pos = 0  # how far the held text was read
         self._in_arguments = False
+        self._value_began = False
         self._depth = 0
         self._in_string = False
         self._escaped = False
@@ -194,8 +195,12 @@ class _CallStream:
                 self.ids.append(self._syntax.mint_id())
                 name = json.loads(f'"{head.group(1)}"')
                 deltas.append(CallDelta(len(self.ids) - 1, self.ids[-1], name))
-                self._pos, self._in_arguments = head.end(), True
+                self._pos, self._in_arguments, self._value_began = head.end(), True, False
                 continue
+            if not self._value_began:  # a head read at the end of the text leaves its space
+                rest = held[self._pos :]
+                self._pos += len(rest) - len(rest.lstrip())
+                self._value_began = self._pos < len(held)
             start = self._pos
             done = self._value(held)
             if self._pos > start:

@@ -107,9 +107,46 @@ async def test_a_stream_sends_thinking_then_text_then_the_call(
     assert deltas[:3] == [
         {"reasoning_content": "Paris, so get_weather."}, {"content": "Checking"}, {"content": "."}
     ]  # fmt: skip
+    # The call as it is written: its start once its name is, then its arguments, no text.
     [call] = deltas[3]["tool_calls"]
-    assert call["index"] == 0 and call["function"]["name"] == "get_weather"
+    function = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert call == {"index": 0, "id": call["id"], "type": "function", "function": function}
+    assert call["id"].startswith("call_") and "content" not in deltas[3]
     assert deltas[4:] == [{}] and events[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+@QWEN
+async def test_a_streamed_call_arrives_as_it_is_written_and_reassembles(
+    served: Client, engine: FakeEngine
+) -> None:
+    """Two calls, each written over several updates: each starts once its name is written,
+    its arguments follow piece by piece at its index, and what a client joins is the call the
+    whole reply holds."""
+    pieces = ['<tool_call>\n{"name": "get_weather", "arguments": ', '{"city": ', '"Par',
+              'is"}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", ',
+              '"arguments": {"city": "Oslo"}}\n</tool_call>']  # fmt: skip
+    engine.script = replying(*pieces)
+    body = {**ASK, "tools": [WEATHER]}
+    whole = await (await served.post("/v1/chat/completions", json=body)).json()
+    events = await chunks(await served.post("/v1/chat/completions", json=body | {"stream": True}))
+    entries = [c for e in events[1:-1] for c in e["choices"][0]["delta"].get("tool_calls", [])]
+    written = [(c["index"], c["function"].get("name"), c["function"]["arguments"]) for c in entries]
+    assert written == [
+        (0, "get_weather", ""), (0, None, '{"city": '), (0, None, '"Par'), (0, None, 'is"}'),
+        (1, "get_weather", '{"city": "Oslo"}'),
+    ]  # fmt: skip
+    joined: dict[int, dict[str, str]] = {}
+    for entry in entries:
+        call = joined.setdefault(entry["index"], {"id": "", "name": "", "arguments": ""})
+        call["id"] += entry.get("id", "")
+        call["name"] += entry["function"].get("name") or ""
+        call["arguments"] += entry["function"]["arguments"]
+    calls = whole["choices"][0]["message"]["tool_calls"]
+    assert [(c["name"], json.loads(c["arguments"])) for c in joined.values()] == [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls
+    ]
+    assert all(c["id"].startswith("call_") for c in joined.values())
+    assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
 
 
 @R1
