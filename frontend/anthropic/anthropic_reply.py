@@ -94,7 +94,7 @@ class AnthropicReply:
         thinking = [ThinkingContent(thinking=ending.reasoning, signature=record.request_id)]
         content = [
             *(thinking if ending.reasoning else []),
-            *_text_blocks(ending.text, ending.calls),
+            *_text_blocks(ending.content, ending.calls),
             *map(_tool_use, ending.calls),
         ]
         stop = self.stop(whole, ending.reason)
@@ -219,7 +219,7 @@ class _MessageEvents(ChatEvents):
 
     async def end(self, end: RequestUpdate) -> list[bytes]:
         ending = self.output.end(end)
-        events = [*self.thinking(ending.reasoning), *self.text(ending.text)]
+        events = [*self.thinking(ending.reasoning), *self.text(ending.content)]
         if not self._texts and not ending.calls and not self._streamed:
             events += self._open_block("text")  # a reply has a text block, even empty
         events += self._stop()

@@ -11,30 +11,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from tinyserve.frontend.chat.ending import finish_reason, reply_error
 from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.link.streams import text_of
-from tinyserve.frontend.models.chat import FinishReason
 from tinyserve.frontend.models.errors import ApiError, internal_error
 from tinyserve.frontend.models.progress import PromptProgress
-from tinyserve.frontend.models.tools import ToolCall
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import progress_of
-from tinyserve.frontend.structured.reply_parser import CallDelta, Parts, ReplyParser
+from tinyserve.frontend.structured.reply_parser import CallDelta, ParsedReply, Parts, ReplyParser
 from tinyserve.protocol import RequestUpdate
-
-
-@dataclass(frozen=True)
-class Ending:
-    """How a reply ends: thinking and text not sent yet, the tool calls it made, why it
-    ended."""
-
-    reasoning: str
-    text: str
-    calls: list[ToolCall]
-    reason: FinishReason
 
 
 class ChatOutput:
@@ -53,19 +39,19 @@ class ChatOutput:
         self.text += parts.content
         return parts
 
-    def end(self, end: RequestUpdate) -> Ending:
-        """The end, once ``end`` came (a normal one: errors go another way)."""
+    def end(self, end: RequestUpdate) -> ParsedReply:
+        """The end, once ``end`` came (a normal one: errors go another way): thinking and
+        text not sent yet, the tool calls, the finish reason."""
         parsed = self._stream.end(finish_reason(end))
         self.reasoning += parsed.reasoning
         self.text += parsed.content
-        return Ending(parsed.reasoning, parsed.content, parsed.calls, parsed.reason)
+        return parsed
 
 
-def whole_ending(whole: RequestUpdate, parser: ReplyParser) -> Ending:
+def whole_ending(whole: RequestUpdate, parser: ReplyParser) -> ParsedReply:
     """A whole reply's ending, read by ``parser``: all its thinking, text and tool calls
     (an ending that is not an error: the pipeline raised those)."""
-    parsed = parser.parse(text_of(whole), finish_reason(whole))
-    return Ending(parsed.reasoning, parsed.content, parsed.calls, parsed.reason)
+    return parser.parse(text_of(whole), finish_reason(whole))
 
 
 class ChatEvents(ABC):

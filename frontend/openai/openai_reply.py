@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tinyserve.frontend.chat.chat_output import Ending, whole_ending
+from tinyserve.frontend.chat.chat_output import whole_ending
 from tinyserve.frontend.chat.ending import finish_reason, reply_error
 from tinyserve.frontend.chat.logprobs import TokenLogprob
 from tinyserve.frontend.link.board_view import NodeLoad
@@ -34,6 +34,7 @@ from tinyserve.frontend.openai.openai_replies import (
 from tinyserve.frontend.openai.openai_stream import OpenAIFormat, StreamEvents
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import KEEPALIVE, Events, collect
+from tinyserve.frontend.structured.reply_parser import ParsedReply
 from tinyserve.protocol import RequestUpdate
 
 WholeChoice = CompletionChoice | ChatChoice
@@ -110,10 +111,10 @@ class OpenAIReply(OpenAIFormat):
         return json_response(reply, headers=headers)
 
 
-def _message(ending: Ending) -> AssistantMessage:
+def _message(ending: ParsedReply) -> AssistantMessage:
     """A whole reply's message: no content when it is only tool calls."""
     return AssistantMessage(
-        content=ending.text if ending.text or not ending.calls else None,
+        content=ending.content if ending.content or not ending.calls else None,
         reasoning_content=ending.reasoning or None,
         tool_calls=ending.calls or None,
     )

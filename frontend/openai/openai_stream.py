@@ -252,9 +252,9 @@ class StreamEvents:
             whole = enumerate(tail.calls[self._streamed[index] :], self._streamed[index])
             calls = [ToolCallDelta.start(i, call.id, call.function.name, call.function.arguments)
                      for i, call in whole]  # fmt: skip
-            if tail.text or tail.reasoning or calls:
+            if tail.content or tail.reasoning or calls:
                 events.append(self._form.chunk(
-                    first, tail.text or None, None, None, reasoning=tail.reasoning,
+                    first, tail.content or None, None, None, reasoning=tail.reasoning,
                     calls=calls or None, index=index,
                 ))  # fmt: skip
         events.append(self._form.chunk(first, None, None, reason, index=index))

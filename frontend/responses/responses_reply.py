@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tinyserve.frontend.chat.chat_output import ChatEvents, Ending, whole_ending
+from tinyserve.frontend.chat.chat_output import ChatEvents, whole_ending
 from tinyserve.frontend.link.board_view import NodeLoad
 from tinyserve.frontend.models.common import json_response
 from tinyserve.frontend.models.errors import ApiError
@@ -57,7 +57,7 @@ from tinyserve.frontend.responses.responses_replies import (
     ResponsesUsage,
 )
 from tinyserve.frontend.responses.responses_requests import FunctionChoice, ResponsesRequest
-from tinyserve.frontend.structured.reply_parser import CallDelta, ReplyParser
+from tinyserve.frontend.structured.reply_parser import CallDelta, ParsedReply, ReplyParser
 from tinyserve.protocol import RequestUpdate
 
 ID_PREFIX, MESSAGE_PREFIX, CALL_PREFIX, REASONING_PREFIX = "resp_", "msg_", "fc_", "rs_"
@@ -86,8 +86,8 @@ class ResponsesReply:
         items: list[OutputItem] = []
         if ending.reasoning:
             items.append(reasoning(record, ending.reasoning))
-        if ending.text or not ending.calls:
-            items.append(message(record, ending.text, status))
+        if ending.content or not ending.calls:
+            items.append(message(record, ending.content, status))
         items += [function_call(call, "completed") for call in ending.calls]
         body = self.response(record, status, items, ResponsesUsage.of(record.counts(whole)))
         return json_response(body, headers={"X-Request-Id": record.request_id})
@@ -182,7 +182,7 @@ def _normal(arguments: str) -> str:
         return arguments
 
 
-def _status(ending: Ending) -> ResponseStatus:
+def _status(ending: ParsedReply) -> ResponseStatus:
     return "incomplete" if ending.reason == "length" else "completed"
 
 
@@ -342,7 +342,7 @@ class _ResponseEvents(ChatEvents):
     async def end(self, end: RequestUpdate) -> list[bytes]:
         ending = self.output.end(end)
         status = _status(ending)
-        events = [*self.thinking(ending.reasoning), *self.text(ending.text)]
+        events = [*self.thinking(ending.reasoning), *self.text(ending.content)]
         events += self._close_reasoning()
         if self._message_open or not (ending.calls or self._streamed):
             events += [] if self._message_open else self._open_message()
