@@ -48,7 +48,8 @@ NEW_FEATURES = (
     F + "openai/choices.py",
 )  # fmt: skip
 NOW = (
-    M + "chat.py", M + "common.py", M + "errors.py", M + "fields.py", F + "native/native_bodies.py",
+    M + "chat.py", M + "conversation.py", M + "common.py", M + "errors.py", M + "fields.py",
+    F + "native/native_bodies.py",
     F + "openai/openai_replies.py", F + "openai/openai_requests.py", M + "parse.py",
     F + "http/openapi_document.py", F + "request/sse.py", F + "native/native_reply.py",
     F + "openai/openai_reply.py", F + "native/request_timeline.py", F + "request/generation.py",

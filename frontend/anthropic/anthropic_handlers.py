@@ -1,12 +1,11 @@
 """Anthropic's Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
 
-A request is translated into the equivalent chat completion request
-(``anthropic_requests``) and served by the same path as ``/v1/chat/completions``:
-the chat template, tool prompts and grammars, structured output, sampling defaults,
-admission, tenants and priorities, the pipeline; only the reply is Anthropic's
-(``anthropic_reply``), with the model's thinking in thinking blocks. Errors take Anthropic's
-shape (the error middleware decides by path). Any model id is served, as on the OpenAI
-surface, unless ``--model-alias`` closes the list (``admission.model_of``).
+A request is translated into the equivalent conversation (``anthropic_requests``) and served
+by the same path as ``/v1/chat/completions``: the chat template, tool prompts and grammars,
+structured output, sampling defaults, admission, tenants and priorities, the pipeline; only
+the reply is Anthropic's (``anthropic_reply``), with the model's thinking in thinking blocks.
+Errors take Anthropic's shape (the error middleware decides by path). Any model id is served,
+as on the OpenAI surface, unless ``--model-alias`` closes the list (``admission.model_of``).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     """Answer a conversation in Anthropic's shapes; JSON or SSE."""
     req = await read_body(request, MessagesRequest, request.app[CONFIG])
     model = served_model(request, req.model)
-    generation, parser = await chat_generation(request, req.chat_request())
+    generation, parser = await chat_generation(request, req.turn())
     reply = AnthropicReply(model, parser)
     return await pipeline.run(request, generation, reply)
 
@@ -38,7 +37,6 @@ async def count_tokens(request: web.Request) -> web.Response:
     rendering and tokenization, without generating."""
     req = await read_body(request, CountTokensRequest, request.app[CONFIG])
     served_model(request, req.model)
-    chat = req.chat_request()
-    prompt = conversation.render(request.app[CHAT_TEMPLATE], chat, chat.messages)
+    prompt = conversation.render(request.app[CHAT_TEMPLATE], req.conversation())
     prompt_ids = await request.app[TOKENIZER].tokenize_chat(prompt)
     return json_response(TokenCount(input_tokens=len(prompt_ids)))

@@ -1,6 +1,6 @@
 """``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic's Messages API):
-the request bodies, and their translation into the chat completion request the rest of the
-frontend serves.
+the request bodies, and their translation into the conversation the rest of the frontend
+serves (``models.conversation``).
 
 Shapes follow Anthropic's API reference (docs.anthropic.com, Messages): ``system`` as text
 or text blocks, ``messages`` whose content is text or blocks (``text``; ``tool_use`` in an
@@ -11,10 +11,12 @@ blocks, ``output_config.effort``...) is accepted, ignored and reported (``Ignore
 ``IgnoredItem``), and the sampling extensions (``top_k``, ``min_p``, ``priority``,
 ``tenant``, ``return_progress``...) are taken too.
 
-The translation (``chat_request``) makes the equivalent ``ChatCompletionRequest``: a tool
-result becomes a tool message, a tool use an assistant tool call, ``any`` is ``required``,
-``output_config.format`` is a ``response_format``. Rendering, tool prompts and grammars,
-structured output and sampling defaults are then the chat surface's own.
+The translation (``conversation``, and for Messages ``turn``) makes the equivalent
+conversation from what the models validated, as chat completions would have it: a tool result
+becomes a tool message, a tool use an assistant tool call, ``any`` is ``required``,
+``output_config.format`` is a ``response_format``; chat's rules across tools and a grammar
+apply, in chat's words (``check_tools``). Rendering, tool prompts and grammars, structured
+output and sampling defaults are then the chat path's.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 
-from tinyserve.frontend.models.chat import ChatCompletionRequest
 from tinyserve.frontend.models.common import (
     IGNORED,
     OTHER,
@@ -40,15 +41,26 @@ from tinyserve.frontend.models.common import (
     open_by_type,
     schema_rule,
 )
+from tinyserve.frontend.models.conversation import (
+    ChatMessage,
+    Conversation,
+    Turn,
+    check_grammar,
+    check_tools,
+)
 from tinyserve.frontend.models.fields import ModelId, Sampling, Stop
-from tinyserve.frontend.models.tools import FunctionName
+from tinyserve.frontend.models.response_format import JsonSchemaFormat, JsonSchemaSpec
+from tinyserve.frontend.models.tools import FunctionName, ToolChoice
 from tinyserve.frontend.models.translated import (
     LIST,
     TEXT,
-    chat_request,
-    sampling_fields,
+    chat_message,
+    function_tool,
+    json_schema_format,
+    named_choice,
     tag,
     text_or_list,
+    tool_call,
     type_of,
 )
 
@@ -92,6 +104,20 @@ class ToolUseBlock(Body):
     name: FunctionName
     input: dict[str, Any]
     cache_control: Any = Field(None, description=IGNORED)
+
+    @model_validator(mode="after")
+    def _input_is_unicode(self) -> Self:
+        # The prompt gets the input as JSON text, which must encode as every Text does.
+        try:
+            self.arguments.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise cross_field("input", f"'input' is not valid Unicode: {exc.reason}") from None
+        return self
+
+    @property
+    def arguments(self) -> str:
+        """The input as JSON text, as the call's arguments."""
+        return json.dumps(self.input, ensure_ascii=False)
 
 
 class ToolResultBlock(Body):
@@ -164,40 +190,30 @@ class MessageParam(Body):
             raise cross_field("content", message)
         return self
 
-    def chat_messages(self) -> list[dict[str, Any]]:
+    def chat_messages(self) -> list[ChatMessage]:
         """This turn as chat messages: a user turn's tool results are tool messages, in
         order; an assistant turn's tool uses are its tool calls."""
         if isinstance(self.content, str):
-            return [{"role": self.role, "content": self.content}]
+            return [chat_message(self.role, self.content)]
         if self.role == "assistant":
             return [_assistant_message(self.content)]
-        messages: list[dict[str, Any]] = []
+        messages: list[ChatMessage] = []
         for block in self.content:
             if isinstance(block, ToolResultBlock):
-                messages.append(
-                    {"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text}
-                )
+                messages.append(chat_message("tool", block.text, tool_call_id=block.tool_use_id))
             elif isinstance(block, TextBlock):
-                if messages and messages[-1]["role"] == self.role:
-                    messages[-1]["content"] += "\n" + block.text
+                if messages and messages[-1].role == self.role:
+                    messages[-1] = chat_message(self.role, f"{messages[-1].text}\n{block.text}")
                 else:
-                    messages.append({"role": self.role, "content": block.text})
+                    messages.append(chat_message(self.role, block.text))
         # A turn of ignored blocks only (an image) is still the turn, empty.
-        return messages or [{"role": self.role, "content": ""}]
+        return messages or [chat_message(self.role, "")]
 
 
-def _assistant_message(blocks: list[Any]) -> dict[str, Any]:
+def _assistant_message(blocks: list[Any]) -> ChatMessage:
     text = _joined([b for b in blocks if isinstance(b, TextBlock)])
-    calls = [
-        {"id": b.id, "type": "function",
-         "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)}}
-        for b in blocks
-        if isinstance(b, ToolUseBlock)
-    ]  # fmt: skip
-    message: dict[str, Any] = {"role": "assistant", "content": text or None}
-    if calls:
-        message["tool_calls"] = calls
-    return message
+    calls = [tool_call(b.id, b.name, b.arguments) for b in blocks if isinstance(b, ToolUseBlock)]
+    return chat_message("assistant", text or None, calls or None)
 
 
 def _joined(blocks: list[Any]) -> str:
@@ -219,11 +235,6 @@ class AnthropicTool(Body):
     cache_control: Any = Field(None, description=IGNORED)
     input_examples: Any = Field(None, description=IGNORED)
     defer_loading: Annotated[Any, Ignored((False,))] = None
-
-    def chat_tool(self) -> dict[str, Any]:
-        function = {"name": self.name, "description": self.description,
-                    "parameters": self.input_schema}  # fmt: skip
-        return {"type": "function", "function": function}
 
 
 AnthropicToolItem = Annotated[
@@ -266,11 +277,8 @@ AnthropicToolChoice = Annotated[
 ]
 
 
-def _chat_tool_choice(choice: Any) -> Any:
-    """Anthropic's tool choice as chat's: ``any`` is ``required``, a tool a named function."""
-    if isinstance(choice, NamedChoice):
-        return {"type": "function", "function": {"name": choice.name}}
-    return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+# Anthropic's tool choices as chat's (a named tool is a named function: ``named_choice``).
+_CHAT_CHOICE: dict[str, ToolChoice] = {"auto": "auto", "any": "required", "none": "none"}
 
 
 class JsonOutputFormat(Body):
@@ -338,30 +346,34 @@ class AnthropicConversation(Request):
     def client_tools(self) -> list[AnthropicTool]:
         return [tool for tool in self.tools if isinstance(tool, AnthropicTool)]
 
-    def chat_fields(self) -> dict[str, Any]:
-        """The chat completion request's fields for this conversation."""
+    def conversation(self) -> Conversation:
+        """The conversation: the system prompt first, then each turn as chat messages; the
+        client tools, and the tool choice as chat's (``any`` is ``required``, a tool a named
+        function; ``auto`` without tools is none)."""
         messages = [m for turn in self.messages for m in turn.chat_messages()]
         system = self._system_text()
         if system is not None:
-            messages.insert(0, {"role": "system", "content": system})
-        fields: dict[str, Any] = {"model": self.model, "messages": messages}
-        tools = self.client_tools
-        if tools:
-            fields["tools"] = [tool.chat_tool() for tool in tools]
-        choice = self.tool_choice
-        if choice is not None and (tools or choice.type != "auto"):
-            fields["tool_choice"] = _chat_tool_choice(choice)
-        if isinstance(choice, _Choice) and choice.disable_parallel_tool_use:
-            fields["parallel_tool_calls"] = False
-        output = self.output_config
-        if output is not None and output.format is not None:
-            schema = {"name": "output", "schema": output.format.schema_}
-            fields["response_format"] = {"type": "json_schema", "json_schema": schema}
-        return fields
+            messages.insert(0, chat_message("system", system))
+        tools = [function_tool(t.name, t.description, t.input_schema) for t in self.client_tools]
+        return Conversation(messages=messages, tools=tools, tool_choice=self._tool_choice())
 
-    def chat_request(self) -> ChatCompletionRequest:
-        """The equivalent chat completion request."""
-        return chat_request(self.chat_fields())
+    def _tool_choice(self) -> ToolChoice | None:
+        choice = self.tool_choice
+        if choice is None or (choice.type == "auto" and not self.client_tools):
+            return None
+        if isinstance(choice, NamedChoice):
+            return named_choice(choice.name)
+        return _CHAT_CHOICE[choice.type]
+
+    def _check_tools(self, grammar: str = "") -> None:
+        check_tools([tool.name for tool in self.client_tools], self._tool_choice(), grammar)
+
+    def _response_format(self) -> JsonSchemaFormat | None:
+        output = self.output_config
+        if output is None or output.format is None:
+            return None
+        spec = JsonSchemaSpec.model_construct(name="output", schema_=output.format.schema_)
+        return json_schema_format(spec)
 
     def _system_text(self) -> str | None:
         """The system prompt, without Claude Code's billing block (``BILLING_HEADER``)."""
@@ -373,6 +385,11 @@ class AnthropicConversation(Request):
 
 class CountTokensRequest(AnthropicConversation):
     """``POST /v1/messages/count_tokens``."""
+
+    @model_validator(mode="after")
+    def _rules_across_fields(self) -> Self:
+        self._check_tools()
+        return self
 
 
 class MessagesRequest(AnthropicConversation, Sampling):
@@ -391,12 +408,23 @@ class MessagesRequest(AnthropicConversation, Sampling):
     service_tier: Any = Field(None, description=IGNORED)
     cache_control: Any = Field(None, description="accepted; this server caches every prefix")
 
-    def chat_request(self) -> ChatCompletionRequest:
-        """The equivalent chat completion request, sampling fields included (those left out
-        stay out: the serve-side defaults apply)."""
-        fields = self.chat_fields()
-        fields |= sampling_fields(self)
-        fields["max_tokens"] = self.max_tokens
-        if self.metadata is not None and self.metadata.user_id:
-            fields["user"] = self.metadata.user_id
-        return chat_request(fields)
+    @model_validator(mode="after")
+    def _rules_across_fields(self) -> Self:
+        check_grammar(self.grammar, self._response_format() is None)
+        self._check_tools(self.grammar)
+        return self
+
+    def turn(self) -> Turn:
+        """The turn this request asks for in its conversation; the sampling fields it left
+        out take the serve-side defaults."""
+        choice = self.tool_choice
+        parallel = not (isinstance(choice, _Choice) and choice.disable_parallel_tool_use)
+        user = self.metadata.user_id if self.metadata is not None else None
+        return Turn(
+            conversation=self.conversation(),
+            sampling=self,
+            max_tokens=self.max_tokens,
+            user=user or "",
+            parallel_tool_calls=parallel,
+            response_format=self._response_format(),
+        )

@@ -1,8 +1,9 @@
-"""A conversation as the pipeline runs it, for every surface that speaks in conversations
-(chat completions, and the Responses and Messages requests translated into one): the model
-id the reply names, the conversation rendered with the model's chat template, the serve-side
-sampling defaults and the tenant, its constraint built and checked, and the parser of its
-reply. ``openai_generation`` resolves the fields chat shares with completions."""
+"""A turn in a conversation as the pipeline runs it, for every surface that speaks in
+conversations (chat completions, and the Responses and Messages requests translated into
+one: ``models.conversation``): the model id the reply names, the conversation rendered with
+the model's chat template, the serve-side sampling defaults and the tenant, its constraint
+built and checked, and the parser of its reply. ``openai_generation`` resolves the fields
+chat shares with completions."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Any
 from aiohttp import web
 
 from tinyserve.config import Config
-from tinyserve.frontend.models.chat import ChatCompletionRequest, OpenAIRequest
+from tinyserve.frontend.models.conversation import Turn
+from tinyserve.frontend.models.fields import Sampling
 from tinyserve.frontend.prompt import conversation
 from tinyserve.frontend.prompt.chat_template import ChatPrompt
 from tinyserve.frontend.request import admission
@@ -30,45 +32,42 @@ def served_model(request: web.Request, asked: str) -> str:
     return admission.model_of(request.app[LINK].ack, request.app[CONFIG].model_alias, asked)
 
 
-async def chat_generation(
-    request: web.Request, req: ChatCompletionRequest
-) -> tuple[Generation, ReplyParser]:
-    """``req`` as the pipeline runs it: its conversation rendered with the chat template,
+async def chat_generation(request: web.Request, turn: Turn) -> tuple[Generation, ReplyParser]:
+    """``turn`` as the pipeline runs it: its conversation rendered with the chat template,
     serve-side defaults, its constraint built and checked; and the parser of its reply (text,
     reasoning and tool calls in the template's syntax). What every surface that speaks in
     conversations needs."""
     config, template = request.app[CONFIG], request.app[CHAT_TEMPLATE]
-    prompt = conversation.render(template, req, req.messages)
-    parser = template.reply_parser(prompt, req.calls_tools, config.reasoning_format)
-    generation = chat_generation_of(req, config, request.app[SAMPLING_DEFAULTS], prompt)
-    generation = await constrained(request, generation, constraints.of_chat(req, parser))
+    prompt = conversation.render(template, turn.conversation)
+    parser = template.reply_parser(prompt, turn.conversation.calls_tools, config.reasoning_format)
+    generation = chat_generation_of(turn, config, request.app[SAMPLING_DEFAULTS], prompt)
+    generation = await constrained(request, generation, constraints.of_chat(turn, parser))
     return generation, parser
 
 
 def chat_generation_of(
-    req: ChatCompletionRequest,
+    turn: Turn,
     config: Config,
     defaults: SamplingDefaults | None = None,
     prompt: str | ChatPrompt = "",
 ) -> Generation:
-    """A chat request with every default resolved, its rendered ``prompt`` given."""
-    asked = req.max_completion_tokens or req.max_tokens
-    logprobs = (req.top_logprobs or 0) if req.logprobs else -1
+    """A turn with every default resolved, its rendered ``prompt`` given."""
+    asked = turn.max_tokens
     return openai_generation(
-        req, defaults, prompt=prompt, prompt_field="messages",
+        turn.sampling, turn.user, defaults, prompt=prompt, prompt_field="messages",
         max_tokens=asked or config.default_max_tokens, max_tokens_asked=asked is not None,
-        logprobs=logprobs,
+        logprobs=turn.logprobs,
     )  # fmt: skip
 
 
 def openai_generation(
-    req: OpenAIRequest, defaults: SamplingDefaults | None, **overrides: Any
+    req: Sampling, user: str, defaults: SamplingDefaults | None, **overrides: Any
 ) -> Generation:
-    """An OpenAI request resolved: the serve-side ``defaults`` for the sampling fields it
-    left out (none: the model's), its ``user`` as the tenant unless it names one, then
+    """A request's sampling fields resolved: the serve-side ``defaults`` for those it left
+    out (none: the model's), its end ``user`` as the tenant unless it names one, then
     ``overrides``."""
     if "tenant" not in req.model_fields_set:
-        overrides["tenant"] = _tenant_of_user(req.user)
+        overrides["tenant"] = _tenant_of_user(user)
     if defaults is not None:
         overrides |= left_out(req, defaults)
     return resolved(req, **overrides)

@@ -1,8 +1,8 @@
-"""``POST /v1/chat/completions``: the request body and its messages, the conversation that
-every surface speaking in conversations is translated into (``translated``: the Messages and
-Responses requests) and that ``prompt`` renders and ``structured`` constrains; with
-``OpenAIRequest``, the fields it shares with ``/v1/completions``, and ``FinishReason``, why a
-reply to it ended.
+"""``POST /v1/chat/completions``: the request body, and the turn it asks for (``turn``, in
+the neutral ``conversation`` that every surface speaking in conversations hands the chat
+path, its messages as they came); with ``OpenAIRequest``, the fields it shares with
+``/v1/completions``, ``ConversationFields``, those it shares with ``/tokenize``, and
+``FinishReason``, why a reply to a conversation ended.
 
 Every field of OpenAI's request schemas is one of: supported (declared with its type);
 accepted silently (bookkeeping or hints for OpenAI's own service that cannot change the
@@ -12,34 +12,32 @@ anything else is unknown, and ignored and reported too. ``null`` means the defau
 known field. Extensions: ``priority``, ``tenant``, ``top_k``, ``ignore_eos``, ``grammar``
 (as llama.cpp's server takes it; not with a ``response_format`` other than text), and for
 chat ``add_generation_prompt`` / ``continue_final_message``.
-
-Roles: system, user, assistant, tool, and ``developer`` (OpenAI's newer name for system)
-taken as system. Content: a string, or a list of text parts joined by newlines; parts of other
-types (images, audio, files) are ignored and reported. How messages, tools, tool calls and
-tool results reach the chat template is ``prompt.conversation``'s.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
 
 from tinyserve.frontend.models.common import (
     IGNORED,
-    OTHER,
-    RULE,
     Body,
     Ignored,
-    IgnoredItem,
     Integer,
     OnlyDefault,
     Request,
     Text,
     cross_field,
-    open_by_type,
     schema_rule,
+)
+from tinyserve.frontend.models.conversation import (
+    ChatMessage,
+    Conversation,
+    Turn,
+    check_grammar,
+    check_tools,
 )
 from tinyserve.frontend.models.fields import (
     DEFAULT_TEMPERATURE,
@@ -51,7 +49,7 @@ from tinyserve.frontend.models.fields import (
     Temperature,
 )
 from tinyserve.frontend.models.response_format import ResponseFormat
-from tinyserve.frontend.models.tools import NamedToolChoice, Tool, ToolCallIn, ToolChoice
+from tinyserve.frontend.models.tools import Tool, ToolChoice
 
 # Why a reply ended, as the reply parser decides it for every surface that speaks in
 # conversations (each says it in its own words): it stopped, its length cut it, it calls tools.
@@ -106,9 +104,7 @@ class OpenAIRequest(Sampling):
         if self.stream_options is not None and not self.stream:
             message = "'stream_options' is only allowed with 'stream': true"
             raise cross_field("stream_options", message)
-        if self.grammar and not self.text_format:
-            message = "'grammar' excludes a 'response_format' other than text"
-            raise cross_field("grammar", message)
+        check_grammar(self.grammar, self.text_format)
         return self
 
     @property
@@ -125,79 +121,6 @@ class OpenAIRequest(Sampling):
 # -- chat ------------------------------------------------------------------------------------------
 
 
-class TextPart(Body):
-    type: Literal["text"]
-    text: Text
-
-
-def _content_kind(value: Any) -> str | None:
-    return TEXT if isinstance(value, str) else PARTS if isinstance(value, list) else None
-
-
-TEXT, PARTS = "(text)", "(parts)"  # branch tags: ``parse._path`` leaves them out
-ContentPart = Annotated[
-    Annotated[TextPart, Tag("(text)")] | Annotated[IgnoredItem, Tag(OTHER)],
-    open_by_type("a content part with a 'type'", "text"),
-]
-TextParts = Annotated[list[ContentPart], Field(min_length=1)]
-Content = Annotated[
-    Annotated[Text, Tag(TEXT)] | Annotated[TextParts, Tag(PARTS)],
-    Discriminator(
-        _content_kind,
-        custom_error_type=RULE,
-        custom_error_message="must be a string or a non-empty list of content parts",
-    ),
-]
-# Message fields of features we lack (clients echo them back, mostly as null or empty).
-EmptyOnly = Annotated[Any, Ignored(("", [], {}))]
-_MESSAGE_RULES: JsonDict = {
-    "allOf": [
-        {  # content, unless an assistant's
-            "if": {"properties": {"role": {"const": "assistant"}}},
-            "else": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
-        },
-        schema_rule("role", {"const": "tool"}, {"tool_call_id": {"not": {"type": "null"}}}),
-    ]
-}
-
-
-class ChatMessage(Body):
-    """``content`` is required, except in an assistant message (null or absent: a turn that
-    only called tools). ``developer`` is taken as ``system``; several text parts are joined
-    by newlines."""
-
-    model_config = ConfigDict(json_schema_extra=_MESSAGE_RULES)
-
-    role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Content | None = None
-    name: Text | None = None
-    tool_calls: list[ToolCallIn] | None = Field(None, description="an assistant's tool calls")
-    function_call: EmptyOnly = None
-    tool_call_id: Text | None = Field(None, description="the call a tool message answers")
-    refusal: EmptyOnly = None
-    audio: EmptyOnly = None
-    annotations: EmptyOnly = None
-    # The openai client's parse() puts the content, parsed, beside it; a reply message sent
-    # back as it came keeps it.
-    parsed: Any = Field(None, description=IGNORED)
-
-    @model_validator(mode="after")
-    def _content_unless_assistant(self) -> Self:
-        if self.content is None and self.role != "assistant":
-            raise cross_field("content", "'content' is required unless the role is assistant")
-        if self.role == "tool" and self.tool_call_id is None:
-            raise cross_field("tool_call_id", "a tool message needs 'tool_call_id'")
-        return self
-
-    @property
-    def text(self) -> str:
-        """The content as one text: parts joined by newlines, none as empty."""
-        content = self.content or ""
-        if isinstance(content, str):
-            return content
-        return "\n".join(p.text for p in content if isinstance(p, TextPart))
-
-
 # Not in the document, checked here (the fields' descriptions say them): max_tokens and
 # max_completion_tokens agree when both are given; continue_final_message needs a final
 # assistant message; tools name each function once; a named tool_choice is one of them.
@@ -205,7 +128,7 @@ class ChatMessage(Body):
 # a tool_choice other than auto: JSON Schema can say it, but more conditionals take the
 # document past what schemathesis can generate requests from (tests/integration/test_fuzz.py).
 _A_TOOL_CHOICE = {"anyOf": [{"enum": ["auto", "required"]}, {"type": "object"}]}
-# The rules of a Conversation's fields that the document states (chat and /tokenize).
+# The rules of ConversationFields that the document states (chat and /tokenize).
 CONVERSATION_RULES = [
     schema_rule(
         "continue_final_message",
@@ -226,7 +149,7 @@ _CHAT_RULES: JsonDict = {
 
 class ConversationFields(Request):
     """How messages are rendered into a prompt: the fields chat completions and ``/tokenize``
-    share (``Conversation`` holds them with the messages)."""
+    share (``conversation`` holds them with the messages)."""
 
     add_generation_prompt: bool | None = Field(
         None,
@@ -248,33 +171,32 @@ class ConversationFields(Request):
     )
 
     @property
-    def calls_tools(self) -> bool:
-        """The reply may be tool calls: tools offered, and ``tool_choice`` not none."""
-        return bool(self.tools) and self.tool_choice != "none"
-
-    @property
     def ends_with_generation_prompt(self) -> bool:
         """``add_generation_prompt`` with its default resolved."""
         if self.add_generation_prompt is None:
             return not self.continue_final_message
         return self.add_generation_prompt
 
-    def check_conversation(self, messages: list[ChatMessage]) -> None:
-        """The rules across these fields and ``messages`` the document does not say (400s)."""
+    def check_conversation(self, messages: list[ChatMessage], grammar: str = "") -> None:
+        """The rules across these fields, ``messages`` and a ``grammar`` that the document
+        does not say (400s)."""
         if self.continue_final_message and self.add_generation_prompt:
             message = "'continue_final_message' and 'add_generation_prompt' exclude each other"
             raise cross_field("add_generation_prompt", message)
         if self.continue_final_message and messages[-1].role != "assistant":
             message = "'continue_final_message' needs a final message from the assistant"
             raise cross_field("continue_final_message", message)
-        choice = self.tool_choice
-        if choice not in (None, "none") and not self.tools:
-            raise cross_field("tool_choice", "'tool_choice' needs 'tools'")
-        names = [tool.function.name for tool in self.tools]
-        if len(set(names)) != len(names):
-            raise cross_field("tools", "'tools' names a function twice")
-        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
-            raise cross_field("tool_choice", f"no tool is named {choice.function.name!r}")
+        check_tools([tool.function.name for tool in self.tools], self.tool_choice, grammar)
+
+    def conversation(self, messages: list[ChatMessage]) -> Conversation:
+        """The conversation of ``messages``, to be rendered as these fields say."""
+        return Conversation(
+            messages=messages,
+            tools=self.tools,
+            tool_choice=self.tool_choice,
+            add_generation_prompt=self.ends_with_generation_prompt,
+            continue_final_message=self.continue_final_message,
+        )
 
 
 class ChatCompletionRequest(OpenAIRequest, ConversationFields):
@@ -317,8 +239,17 @@ class ChatCompletionRequest(OpenAIRequest, ConversationFields):
         if new is not None and old is not None and new != old:
             message = "'max_tokens' and 'max_completion_tokens' differ"
             raise cross_field("max_completion_tokens", message)
-        self.check_conversation(self.messages)
-        if self.grammar and self.calls_tools and self.tool_choice not in (None, "auto"):
-            message = "'grammar' replaces the tools' grammar of tool_choice auto only"
-            raise cross_field("grammar", message)
+        self.check_conversation(self.messages, self.grammar)
         return self
+
+    def turn(self) -> Turn:
+        """The turn this request asks for in its conversation."""
+        return Turn(
+            conversation=self.conversation(self.messages),
+            sampling=self,
+            max_tokens=self.max_completion_tokens or self.max_tokens,
+            logprobs=(self.top_logprobs or 0) if self.logprobs else -1,
+            user=self.user,
+            parallel_tool_calls=self.parallel_tool_calls,
+            response_format=self.response_format,
+        )

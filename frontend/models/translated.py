@@ -1,20 +1,27 @@
-"""What the surfaces that are translated into a chat completion request (Anthropic's
-Messages, OpenAI's Responses) share: unions told apart by a ``type`` or by being text or a
-list, and the chat request made from the translated fields."""
+"""What the surfaces translated into a conversation (Anthropic's Messages, OpenAI's Responses)
+share: unions told apart by a ``type`` or by being text or a list, and the conversation's
+parts (``conversation``) made from what their own models validated: built as they are, not
+validated a second time."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Discriminator, ValidationError
+from pydantic import Discriminator
 
-from tinyserve.frontend.models.chat import ChatCompletionRequest
 from tinyserve.frontend.models.common import RULE
-from tinyserve.frontend.models.fields import Sampling
-from tinyserve.frontend.models.parse import api_error
+from tinyserve.frontend.models.conversation import ChatMessage
+from tinyserve.frontend.models.response_format import JsonSchemaFormat, JsonSchemaSpec
+from tinyserve.frontend.models.tools import (
+    CalledFunction,
+    FunctionDef,
+    FunctionRef,
+    NamedToolChoice,
+    Tool,
+    ToolCallIn,
+)
 
 TEXT, LIST = "(text)", "(list)"  # branch tags: ``parse._path`` leaves them out
-_SAMPLING = frozenset(Sampling.model_fields)
 
 
 def type_of(value: Any) -> str | None:
@@ -40,16 +47,39 @@ def text_or_list(phrase: str) -> Discriminator:
     )
 
 
-def sampling_fields(req: Sampling) -> dict[str, Any]:
-    """The sampling fields ``req`` gives; those it leaves out stay out of the chat request,
-    so that the serve-side defaults apply to them."""
-    return {name: getattr(req, name) for name in req.model_fields_set & _SAMPLING}
+def chat_message(
+    role: str,
+    content: str | None,
+    tool_calls: list[ToolCallIn] | None = None,
+    tool_call_id: str | None = None,
+) -> ChatMessage:
+    """A message of the conversation; ``content`` None: an assistant's that only calls tools."""
+    return ChatMessage.model_construct(
+        role=role, content=content, tool_calls=tool_calls, tool_call_id=tool_call_id
+    )
 
 
-def chat_request(fields: dict[str, Any]) -> ChatCompletionRequest:
-    """``fields`` as a chat completion request; a rule of chat's that the translated request
-    broke (a tool named twice, a tool choice naming none of the tools) is its 400."""
-    try:
-        return ChatCompletionRequest.model_validate(fields)
-    except ValidationError as exc:
-        raise api_error(exc) from None
+def tool_call(call_id: str, name: str, arguments: str) -> ToolCallIn:
+    """A tool call of an earlier assistant turn, its ``arguments`` as JSON text."""
+    function = CalledFunction.model_construct(name=name, arguments=arguments)
+    return ToolCallIn.model_construct(id=call_id, type="function", function=function)
+
+
+def function_tool(name: str, description: str | None, parameters: dict[str, Any] | None) -> Tool:
+    """A tool the conversation offers: a function, ``parameters`` the JSON schema of its
+    arguments."""
+    function = FunctionDef.model_construct(
+        name=name, description=description, parameters=parameters
+    )
+    return Tool.model_construct(type="function", function=function)
+
+
+def named_choice(name: str) -> NamedToolChoice:
+    """The tool choice that names the function ``name``."""
+    function = FunctionRef.model_construct(name=name)
+    return NamedToolChoice.model_construct(type="function", function=function)
+
+
+def json_schema_format(spec: JsonSchemaSpec) -> JsonSchemaFormat:
+    """The response format of JSON that follows ``spec``'s schema."""
+    return JsonSchemaFormat.model_construct(type="json_schema", json_schema=spec)

@@ -90,7 +90,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG]
     req = await read_body(request, ChatCompletionRequest, config)
     model = served_model(request, req.model)
-    generation, parser = await chat_generation(request, req)
+    generation, parser = await chat_generation(request, req.turn())
     reply = _reply(request, req, model, CHAT, generation.sampling.logprobs, parser)
     if req.n == 1:
         return await pipeline.run(request, generation, reply)
@@ -111,7 +111,7 @@ def completion_generation(
     max_tokens = config.default_max_tokens if req.max_tokens is None else req.max_tokens
     [one] = req.prompt if len(req.prompt) == 1 else [None]
     return openai_generation(
-        req, defaults, prompt=one if isinstance(one, str) else "", max_tokens=max_tokens,
+        req, req.user, defaults, prompt=one if isinstance(one, str) else "", max_tokens=max_tokens,
         max_tokens_asked=req.max_tokens is not None, logprobs=logprobs,
         prompt_logprobs=logprobs if req.echo else -1,
     )  # fmt: skip

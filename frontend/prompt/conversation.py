@@ -1,4 +1,4 @@
-"""A chat request's conversation as the chat template takes it, and rendered.
+"""A conversation (``models.conversation``) as the chat template takes it, and rendered.
 
 A template with its own tool syntax (``structured.tool_syntax``) is given the tools, the
 assistant's tool calls and the tools' results as Hugging Face's ``apply_chat_template``
@@ -14,29 +14,27 @@ prompt instead, after the tools offered there.
 
 from __future__ import annotations
 
-from tinyserve.frontend.models.chat import ChatMessage, ConversationFields
+from tinyserve.frontend.models.conversation import ChatMessage, Conversation
 from tinyserve.frontend.models.errors import ApiError
 from tinyserve.frontend.prompt.chat_template import ChatPrompt, ChatTemplate, TemplateMessage
 from tinyserve.frontend.structured import tool_calls
 
 
-def render(
-    template: ChatTemplate, fields: ConversationFields, messages: list[ChatMessage]
-) -> ChatPrompt:
-    """The prompt of ``messages``: ``template`` applied as ``fields`` say, given the tools
-    itself when it has its own tool syntax."""
+def render(template: ChatTemplate, conversation: Conversation) -> ChatPrompt:
+    """The prompt of ``conversation``: ``template`` applied to it, given the tools itself when
+    it has its own tool syntax."""
     own_tools = template.tool_syntax.own
     tools = None
-    if own_tools and fields.calls_tools:
-        tools = [tool.model_dump(exclude_unset=True) for tool in fields.tools]
-    written = template_messages(fields, messages, own_tools)
+    if own_tools and conversation.calls_tools:
+        tools = [tool.model_dump(exclude_unset=True) for tool in conversation.tools]
+    written = template_messages(conversation, own_tools)
 
     def rendered(these: list[TemplateMessage]) -> ChatPrompt:
         return template.render(
             these,
             tools=tools,
-            add_generation_prompt=fields.ends_with_generation_prompt,
-            continue_final_message=fields.continue_final_message,
+            add_generation_prompt=conversation.add_generation_prompt,
+            continue_final_message=conversation.continue_final_message,
         )
 
     later = _later_system(written)
@@ -51,16 +49,14 @@ def render(
     return rendered(_system_first(written))
 
 
-def template_messages(
-    fields: ConversationFields, messages: list[ChatMessage], own_tools: bool = False
-) -> list[TemplateMessage]:
-    """``messages`` as the template takes them: as they are for a template with its
+def template_messages(conversation: Conversation, own_tools: bool = False) -> list[TemplateMessage]:
+    """The messages as the template takes them: as they are for a template with its
     ``own_tools`` syntax, else in the generic format with the tools offered in a system
     message."""
-    written = [_message(message, own_tools) for message in messages]
-    if own_tools or not fields.calls_tools:
+    written = [_message(message, own_tools) for message in conversation.messages]
+    if own_tools or not conversation.calls_tools:
         return written
-    offer = tool_calls.tools_prompt(fields.tools, fields.tool_choice or "auto")
+    offer = tool_calls.tools_prompt(conversation.tools, conversation.tool_choice or "auto")
     if written[0]["role"] == "system":
         first = written[0]
         return [{**first, "content": f"{first['content']}\n\n{offer}"}, *written[1:]]

@@ -1,5 +1,5 @@
 """``POST /v1/responses`` (OpenAI's Responses API): the request body, and its translation
-into the chat completion request the rest of the frontend serves.
+into the conversation the rest of the frontend serves (``models.conversation``).
 
 Shapes follow OpenAI's API reference (platform.openai.com, Responses): ``input`` as text or
 a list of items (messages, ``function_call``s of earlier turns and their
@@ -11,19 +11,19 @@ server does not know or does not do (unknown fields, tools other than functions,
 ``reasoning``...) is accepted, ignored and reported, and the sampling extensions of the other
 surfaces are taken too.
 
-The translation (``chat_request``) makes the equivalent ``ChatCompletionRequest``:
-``instructions`` is the first system message, a function call an assistant's tool call (with
-the text before it, when there is some), its output a tool message, ``text.format`` the
-``response_format``.
+The translation (``turn``) makes the equivalent conversation from what the model validated,
+as chat completions would have it: ``instructions`` is the first system message, a function
+call an assistant's tool call (with the text before it, when there is some), its output a
+tool message, ``text.format`` the ``response_format``; chat's rules across tools and a
+grammar apply, in chat's words (``check_tools``).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import ConfigDict, Discriminator, Field, Tag
+from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 
-from tinyserve.frontend.models.chat import ChatCompletionRequest
 from tinyserve.frontend.models.common import (
     IGNORED,
     OTHER,
@@ -33,10 +33,17 @@ from tinyserve.frontend.models.common import (
     IgnoredItem,
     OnlyDefault,
     Text,
+    cross_field,
     open_by_type,
     schema_rule,
 )
-from tinyserve.frontend.models.errors import invalid
+from tinyserve.frontend.models.conversation import (
+    ChatMessage,
+    Conversation,
+    Turn,
+    check_grammar,
+    check_tools,
+)
 from tinyserve.frontend.models.fields import (
     DEFAULT_TEMPERATURE,
     MAX_TOKENS_TEXT,
@@ -45,15 +52,22 @@ from tinyserve.frontend.models.fields import (
     Sampling,
     Temperature,
 )
-from tinyserve.frontend.models.response_format import JsonSchemaSpec
-from tinyserve.frontend.models.tools import FunctionName
+from tinyserve.frontend.models.response_format import (
+    JsonObjectFormat,
+    JsonSchemaSpec,
+    ResponseFormat,
+)
+from tinyserve.frontend.models.tools import FunctionName, ToolChoice
 from tinyserve.frontend.models.translated import (
     LIST,
     TEXT,
-    chat_request,
-    sampling_fields,
+    chat_message,
+    function_tool,
+    json_schema_format,
+    named_choice,
     tag,
     text_or_list,
+    tool_call,
     type_of,
 )
 
@@ -171,21 +185,26 @@ Input = Annotated[
 ]
 
 
-def chat_messages(items: list[Any]) -> list[dict[str, Any]]:
+# The input items a conversation is made of (``chat_messages``): reasoning and items of other
+# types are left out.
+_CONVERSATION_ITEMS = MessageItem | FunctionCallItem | FunctionCallOutputItem
+
+
+def chat_messages(items: list[Any]) -> list[ChatMessage]:
     """Input items as chat messages: consecutive function calls are one assistant message's
     tool calls (the assistant's text before them included)."""
-    messages: list[dict[str, Any]] = []
+    messages: list[ChatMessage] = []
     for item in items:
         if isinstance(item, FunctionCallItem):
-            function = {"name": item.name, "arguments": item.arguments}
-            call = {"id": item.call_id, "type": "function", "function": function}
-            if not (messages and messages[-1]["role"] == "assistant"):
-                messages.append({"role": "assistant", "content": None})
-            messages[-1].setdefault("tool_calls", []).append(call)
+            call = tool_call(item.call_id, item.name, item.arguments)
+            if not (messages and messages[-1].role == "assistant"):
+                messages.append(chat_message("assistant", None))
+            calls = [*(messages[-1].tool_calls or []), call]
+            messages[-1] = messages[-1].model_copy(update={"tool_calls": calls})
         elif isinstance(item, FunctionCallOutputItem):
-            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text})
+            messages.append(chat_message("tool", item.text, tool_call_id=item.call_id))
         elif isinstance(item, MessageItem):
-            messages.append({"role": item.role, "content": item.text})
+            messages.append(chat_message(item.role, item.text))
     return messages
 
 
@@ -200,11 +219,6 @@ class FunctionTool(Body):
         None, description="JSON schema of the arguments (enforced when a call is made)"
     )
     strict: bool | None = Field(None, description="always enforced")
-
-    def chat_tool(self) -> dict[str, Any]:
-        function = {"name": self.name, "description": self.description,
-                    "parameters": self.parameters}  # fmt: skip
-        return {"type": "function", "function": function}
 
 
 # Tools of other types (custom, web_search, local_shell, mcp, a namespace of tools...) are
@@ -253,14 +267,13 @@ class TextConfig(Body):
     format: TextFormat | None = Field(None, description="text, any JSON, or JSON by a schema")
     verbosity: Annotated[Any, Ignored()] = None
 
-    def response_format(self) -> dict[str, Any] | None:
-        """The chat request's ``response_format`` (None: text, chat's default)."""
+    def response_format(self) -> ResponseFormat | None:
+        """The format as a conversation's ``response_format`` (None: text)."""
         if self.format is None or self.format.type == "text":
-            return None  # chat's default
+            return None
         if self.format.type == "json_object":
-            return {"type": "json_object"}
-        spec = self.format.model_dump(by_alias=True, exclude={"type"}, exclude_none=True)
-        return {"type": "json_schema", "json_schema": spec}
+            return JsonObjectFormat.model_construct(type="json_object")
+        return json_schema_format(self.format)
 
 
 # -- the request ----------------------------------------------------------------------------------
@@ -321,40 +334,40 @@ class ResponsesRequest(Sampling):
     def function_tools(self) -> list[FunctionTool]:
         return [tool for tool in self.tools if isinstance(tool, FunctionTool)]
 
-    def chat_request(self) -> ChatCompletionRequest:
-        """The equivalent chat completion request (sampling fields left out stay out: the
-        serve-side defaults apply)."""
-        fields = sampling_fields(self)
-        fields |= {
-            "model": self.model,
-            "messages": self._messages(),
-            "user": self.user,
-            "max_tokens": self.max_output_tokens,
-            "parallel_tool_calls": self.parallel_tool_calls,
-        }
-        tools = self.function_tools
-        if tools:
-            fields["tools"] = [tool.chat_tool() for tool in tools]
+    @model_validator(mode="after")
+    def _rules_across_fields(self) -> Self:
+        items = self.input
+        if isinstance(items, list) and not any(isinstance(i, _CONVERSATION_ITEMS) for i in items):
+            message = "'input' has no message to answer (items of other types are ignored)"
+            raise cross_field("input", message)
+        check_grammar(self.grammar, self._response_format() is None)
+        check_tools([tool.name for tool in self.function_tools], self._tool_choice(), self.grammar)
+        return self
+
+    def turn(self) -> Turn:
+        """The turn this request asks for in its conversation; the sampling fields it left
+        out take the serve-side defaults."""
+        items = self.input
+        messages = [chat_message("user", items)] if isinstance(items, str) else chat_messages(items)
+        if self.instructions is not None:
+            messages.insert(0, chat_message("system", self.instructions))
+        tools = [function_tool(t.name, t.description, t.parameters) for t in self.function_tools]
+        conversation = Conversation(messages=messages, tools=tools, tool_choice=self._tool_choice())
+        return Turn(
+            conversation=conversation,
+            sampling=self,
+            max_tokens=self.max_output_tokens,
+            user=self.user,
+            parallel_tool_calls=self.parallel_tool_calls,
+            response_format=self._response_format(),
+        )
+
+    def _tool_choice(self) -> ToolChoice | None:
+        """The tool choice as chat's (``auto`` without tools is none)."""
         choice = self.tool_choice
         if isinstance(choice, FunctionChoice):
-            fields["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
-        elif choice is not None and (tools or choice != "auto"):
-            fields["tool_choice"] = choice
-        response_format = None if self.text is None else self.text.response_format()
-        if response_format is not None:
-            fields["response_format"] = response_format
-        return chat_request(fields)
+            return named_choice(choice.name)
+        return None if choice == "auto" and not self.function_tools else choice
 
-    def _messages(self) -> list[dict[str, Any]]:
-        items = self.input
-        messages = (
-            [{"role": "user", "content": items}]
-            if isinstance(items, str)
-            else (chat_messages(items))
-        )
-        if not messages:
-            message = "'input' has no message to answer (items of other types are ignored)"
-            raise invalid(message, "input")
-        if self.instructions is not None:
-            messages.insert(0, {"role": "system", "content": self.instructions})
-        return messages
+    def _response_format(self) -> ResponseFormat | None:
+        return None if self.text is None else self.text.response_format()

@@ -11,8 +11,10 @@ import dataclasses
 import json
 from typing import Any
 
-from tinyserve.frontend.models.chat import ChatCompletionRequest, OpenAIRequest
+from tinyserve.frontend.models.chat import OpenAIRequest
+from tinyserve.frontend.models.conversation import Turn
 from tinyserve.frontend.models.errors import invalid
+from tinyserve.frontend.models.response_format import ResponseFormat
 from tinyserve.frontend.structured import tool_calls
 from tinyserve.frontend.structured.json_schema import (
     ANY_JSON_OBJECT,
@@ -74,9 +76,13 @@ class Constraint:
 
 def of_openai(req: OpenAIRequest) -> Constraint:
     """An OpenAI request's: ``grammar``, else the ``response_format``."""
-    if req.grammar:
-        return Constraint("grammar", grammar=req.grammar)
-    response_format = req.response_format
+    return _of_format(req.grammar, req.response_format)
+
+
+def _of_format(grammar: str, response_format: ResponseFormat | None) -> Constraint:
+    """``grammar``, else ``response_format``."""
+    if grammar:
+        return Constraint("grammar", grammar=grammar)
     kind = "text" if response_format is None else response_format.type
     if response_format is not None and response_format.type == "json_schema":
         schema = response_format.json_schema.schema_
@@ -84,19 +90,21 @@ def of_openai(req: OpenAIRequest) -> Constraint:
     return Constraint("response_format", json_object=kind == "json_object")
 
 
-def of_chat(req: ChatCompletionRequest, parser: ReplyParser) -> Constraint:
-    """A chat request's: its ``grammar``, else the grammar of a reply that may call tools
-    (in the syntax ``parser`` reads; under tool choice auto, the answer beside the calls in
-    the ``response_format`` when it has one), else the ``response_format``'s; those built here
+def of_chat(turn: Turn, parser: ReplyParser) -> Constraint:
+    """A turn's: its ``grammar``, else the grammar of a reply that may call tools (in the
+    syntax ``parser`` reads; under tool choice auto, the answer beside the calls in the
+    ``response_format`` when it has one), else the ``response_format``'s; those built here
     begin as ``parser`` says (``ReplyParser.grammar_prefix``)."""
-    if req.grammar or not req.calls_tools:
-        constraint = of_openai(req)
+    conversation = turn.conversation
+    asked = _of_format(turn.sampling.grammar, turn.response_format)
+    if turn.sampling.grammar or not conversation.calls_tools:
+        constraint = asked
     else:
         assert parser.tools is not None, "the parser of a reply that may call tools"
-        choice, parallel = req.tool_choice or "auto", req.parallel_tool_calls
-        answer = _answer(of_openai(req))
+        choice, parallel = conversation.tool_choice or "auto", turn.parallel_tool_calls
+        answer = _answer(asked)
         grammar, unenforced = tool_calls.tools_grammar(
-            req.tools, choice, parallel, parser.tools, answer
+            conversation.tools, choice, parallel, parser.tools, answer
         )
         unenforced += answer.unenforced if answer is not None else []
         constraint = Constraint("tools", grammar=grammar, tools=True, unenforced=tuple(unenforced))

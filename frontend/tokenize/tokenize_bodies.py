@@ -7,7 +7,7 @@ from typing import Annotated, Any, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
-from tinyserve.frontend.models.chat import CONVERSATION_RULES, ChatMessage, ConversationFields
+from tinyserve.frontend.models.chat import CONVERSATION_RULES, ConversationFields
 from tinyserve.frontend.models.common import (
     Reply,
     Request,
@@ -16,6 +16,7 @@ from tinyserve.frontend.models.common import (
     expect,
     schema_rule,
 )
+from tinyserve.frontend.models.conversation import ChatMessage
 from tinyserve.frontend.models.fields import TokenId
 
 # Exactly one of prompt and messages (not null); add_special_tokens with a text prompt only,

@@ -34,7 +34,7 @@ async def tokenize(request: web.Request) -> web.Response:
     req = await _parsed(request, TokenizeRequest)
     tokenizer = app[TOKENIZER]
     if req.messages is not None:
-        prompt = conversation.render(app[CHAT_TEMPLATE], req, req.messages)
+        prompt = conversation.render(app[CHAT_TEMPLATE], req.conversation(req.messages))
         ids = await tokenizer.tokenize_chat(prompt)
     else:
         assert req.prompt is not None

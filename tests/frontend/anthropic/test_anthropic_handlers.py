@@ -214,6 +214,9 @@ BAD = [
      "'messages[0].content' of the assistant's turn cannot hold a tool_result block"),
     ({**BODY, "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}},
      "no tool is named 'nope'"),
+    ({**BODY, "messages": [*USER, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "get_weather", "input": {"city": "\ud800"}}]}]},
+     "'messages[1].content[0].input' is not valid Unicode"),
     ({**BODY, "tool_choice": {"type": "sometimes"}}, "'tool_choice' must have 'type' auto"),
     ({**BODY, "thinking": {"type": "sometimes"}}, "'thinking.type' must be"),
     ({**BODY, "tools": [{**WEATHER, "input_schema": {"type": "object",

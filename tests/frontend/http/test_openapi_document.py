@@ -335,8 +335,8 @@ TRANSLATED = {
     "CountTokensRequest": CountTokensRequest,
     "ResponsesRequest": ResponsesRequest,
 }
-# The rules of the surfaces translated into chat requests: their own, and chat's as they
-# break them (the 400 comes from the translation).
+# The rules of the surfaces translated into conversations: their own, and chat's, which
+# their validators apply in chat's words.
 TRANSLATED_RULES = [
     ("MessagesRequest", {**ANTHROPIC, "tool_choice": {"type": "any"}},
      "'tool_choice' needs 'tools'"),
@@ -371,8 +371,9 @@ TRANSLATED_NEAR_RULES = [
 
 
 def translated(schema: str, body: dict[str, Any]) -> None:
-    """Parse ``body`` and translate it into its chat request, as the route does."""
-    parse_body(json.dumps(body).encode(), TRANSLATED[schema]).chat_request()
+    """Parse ``body`` and translate it into its conversation, as the route does."""
+    req = parse_body(json.dumps(body).encode(), TRANSLATED[schema])
+    req.conversation() if isinstance(req, CountTokensRequest) else req.turn()
 
 
 @pytest.mark.parametrize(("schema", "body", "refusal"), TRANSLATED_RULES)

@@ -82,11 +82,11 @@ def test_every_chat_field() -> None:
         stop="x", metadata={"k": "v"}, store=False, parallel_tool_calls=True,
         response_format={"type": "text"}, tools=[], tool_choice="none", modalities=["text"],
     )  # fmt: skip
-    generation = chat_generation_of(req, CONFIG)
+    generation = chat_generation_of(req.turn(), CONFIG)
     assert (generation.max_tokens, generation.sampling.logprobs) == (9, 3)
     sampling = generation.sampling
     assert (sampling.temperature, sampling.seed, sampling.stop) == (0.0, 1, ["x"])
-    assert template_messages(req, req.messages) == [msg("user", "hi")]
+    assert template_messages(req.conversation(req.messages)) == [msg("user", "hi")]
     assert req.ends_with_generation_prompt and not req.continue_final_message
 
 
@@ -127,7 +127,7 @@ def test_null_is_the_default_for_every_known_field() -> None:
     expected = Generation(
         "", 32, SamplingParams(temperature=1.0), prompt_field="messages", max_tokens_asked=False
     )
-    assert chat_generation_of(req, CONFIG) == expected
+    assert chat_generation_of(req.turn(), CONFIG) == expected
 
 
 def test_a_null_schema_in_response_format_is_any_json() -> None:
@@ -209,18 +209,24 @@ def test_user_is_the_tenant_unless_tenant_is_given() -> None:
 
 
 def test_chat_logprobs() -> None:
-    assert chat_generation_of(chat(), CONFIG).sampling.logprobs == -1
-    assert chat_generation_of(chat(logprobs=True), CONFIG).sampling.logprobs == 0
-    assert chat_generation_of(chat(logprobs=True, top_logprobs=5), CONFIG).sampling.logprobs == 5
+    assert chat_generation_of(chat().turn(), CONFIG).sampling.logprobs == -1
+    assert chat_generation_of(chat(logprobs=True).turn(), CONFIG).sampling.logprobs == 0
+    assert (
+        chat_generation_of(chat(logprobs=True, top_logprobs=5).turn(), CONFIG).sampling.logprobs
+        == 5
+    )
     assert rejected(chat, top_logprobs=2).param == "top_logprobs"
     assert rejected(chat, logprobs=True, top_logprobs=6).param == "top_logprobs"
 
 
 def test_max_tokens_and_max_completion_tokens() -> None:
-    assert chat_generation_of(chat(max_tokens=5), CONFIG).max_tokens == 5
-    assert chat_generation_of(chat(max_tokens=5, max_completion_tokens=5), CONFIG).max_tokens == 5
+    assert chat_generation_of(chat(max_tokens=5).turn(), CONFIG).max_tokens == 5
+    assert (
+        chat_generation_of(chat(max_tokens=5, max_completion_tokens=5).turn(), CONFIG).max_tokens
+        == 5
+    )
     assert rejected(chat, max_tokens=5, max_completion_tokens=6).param == "max_completion_tokens"
-    assert chat_generation_of(chat(max_completion_tokens=10**6), CONFIG).max_tokens == 10**6
+    assert chat_generation_of(chat(max_completion_tokens=10**6).turn(), CONFIG).max_tokens == 10**6
 
 
 def test_messages_roles_and_content() -> None:
@@ -231,7 +237,7 @@ def test_messages_roles_and_content() -> None:
         {"role": "user", "content": "c", "name": "bob"},
     ]
     req = chat(messages=messages)
-    assert template_messages(req, req.messages) == [
+    assert template_messages(req.conversation(req.messages)) == [
         msg("system", "be brief"),
         msg("user", "a\nb"),
         msg("assistant", ""),
@@ -250,7 +256,7 @@ def test_a_reply_message_the_openai_client_parsed_can_be_sent_back_as_it_came() 
     )
     messages = [{"role": "user", "content": "a"}, reply.model_dump()]
     req = chat(messages=messages)
-    [_, assistant] = template_messages(req, req.messages)
+    [_, assistant] = template_messages(req.conversation(req.messages))
     assert assistant["role"] == "assistant" and assistant["content"].startswith('{"a": 1}')
 
 
@@ -289,7 +295,8 @@ def test_a_grammar_constrains_either_route_unless_something_else_does() -> None:
     assert constraints.of_openai(completion(grammar=grammar)).grammar == grammar
     tool = {"type": "function", "function": {"name": "f"}}
     assert (
-        chat_generation_of(chat(grammar=grammar, tools=[tool]), CONFIG).sampling.grammar == grammar
+        chat_generation_of(chat(grammar=grammar, tools=[tool]).turn(), CONFIG).sampling.grammar
+        == grammar
     )
     json_format = {"type": "json_object"}
     assert rejected(completion, grammar=grammar, response_format=json_format).param == "grammar"

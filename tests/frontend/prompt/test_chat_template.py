@@ -210,7 +210,7 @@ def test_tools_are_rendered_by_a_template_with_its_own_syntax(source: str, call_
     body = {"model": "m", "messages": messages, "tools": [WEATHER]}
     request = parse_body(json.dumps(body), ChatCompletionRequest)
     template = ChatTemplate(source, bos_text="<s>", eos_text="</s>")
-    prompt = conversation.render(template, request, request.messages)
+    prompt = conversation.render(template, request.conversation(request.messages))
     expected = hf_render(
         source, messages=as_hugging_face_takes_it(messages), tools=[WEATHER],
         add_generation_prompt=True, bos_token="<s>", eos_token="</s>",
@@ -267,7 +267,7 @@ def _agent_turns(later_system: bool) -> list[dict[str, Any]]:
 def _rendered(source: str, messages: list[dict[str, Any]]) -> str:
     body = {"model": "m", "messages": messages, "tools": [WEATHER]}
     request = parse_body(json.dumps(body), ChatCompletionRequest)
-    return conversation.render(ChatTemplate(source), request, request.messages).text
+    return conversation.render(ChatTemplate(source), request.conversation(request.messages)).text
 
 
 def test_a_later_system_message_stays_in_place_where_the_template_renders_it() -> None:

@@ -28,7 +28,7 @@ def test_only_fields_left_out_or_null_take_defaults() -> None:
     defaults = sampling_defaults(CONFIG, {})
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     req = ChatCompletionRequest.model_validate({**body, "temperature": 0, "top_p": None})
-    sampling = chat_generation_of(req, CONFIG, defaults).sampling
+    sampling = chat_generation_of(req.turn(), CONFIG, defaults).sampling
     assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p) == (
         0.0, 0.95, 40, 0.05
     )  # fmt: skip
