@@ -11,7 +11,8 @@ blocks, ``output_config.effort``...) is accepted, ignored and reported (``Ignore
 ``IgnoredItem``), and the sampling extensions (``top_k``, ``min_p``, ``priority``,
 ``tenant``, ``return_progress``...) are taken too.
 
-The translation (``conversation``, and for Messages ``turn``) makes the equivalent
+A request's turns and their content blocks are ``anthropic_messages``'s. The translation
+(``conversation``, and for Messages ``turn``) makes the equivalent
 conversation from what the models validated, as chat completions would have it: a tool result
 becomes a tool message, a tool use an assistant tool call, ``any`` is ``required``,
 ``output_config.format`` is a ``response_format``; chat's rules across tools and a grammar
@@ -21,11 +22,16 @@ output and sampling defaults are then the chat path's.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 
+from tinyserve.frontend.anthropic.anthropic_messages import (
+    BILLING_HEADER,
+    MessageParam,
+    TextOrBlocks,
+    joined,
+)
 from tinyserve.frontend.models.common import (
     IGNORED,
     OTHER,
@@ -37,12 +43,10 @@ from tinyserve.frontend.models.common import (
     Number,
     Request,
     Text,
-    cross_field,
     open_by_type,
     schema_rule,
 )
 from tinyserve.frontend.models.conversation import (
-    ChatMessage,
     Conversation,
     Turn,
     check_grammar,
@@ -52,173 +56,13 @@ from tinyserve.frontend.models.fields import ModelId, Sampling, Stop
 from tinyserve.frontend.models.response_format import JsonSchemaFormat, JsonSchemaSpec
 from tinyserve.frontend.models.tools import FunctionName, ToolChoice
 from tinyserve.frontend.models.translated import (
-    LIST,
-    TEXT,
     chat_message,
     function_tool,
     json_schema_format,
     named_choice,
     tag,
-    text_or_list,
-    tool_call,
     type_of,
 )
-
-# -- content blocks -------------------------------------------------------------------------------
-
-
-class TextBlock(Body):
-    type: Literal["text"]
-    text: Text
-    cache_control: Any = Field(None, description="accepted; this server caches every prefix")
-    citations: Annotated[Any, Ignored(([],))] = None
-
-
-# A system block Claude Code puts first, new on every request (``cch=`` changes): it is meant
-# for Anthropic's billing, says nothing to the model, and in front of the prompt it would cost
-# the prefix cache every agent turn. Left out of the prompt.
-BILLING_HEADER = "x-anthropic-billing-header:"
-
-TextBlocks = Annotated[list[TextBlock], Field(min_length=1)]
-TextOrBlocks = Annotated[
-    Annotated[Text, Tag(TEXT)] | Annotated[TextBlocks, Tag(LIST)],
-    text_or_list("a non-empty list of text blocks"),
-]
-# A tool's result: text, or blocks of which the text ones are read (an image, a document, a
-# tool reference is ignored, and reported).
-ResultBlock = Annotated[
-    Annotated[TextBlock, Tag(tag("text"))] | Annotated[IgnoredItem, Tag(OTHER)],
-    open_by_type("a content block with a 'type'", "text"),
-]
-ResultContent = Annotated[
-    Annotated[Text, Tag(TEXT)] | Annotated[list[ResultBlock], Tag(LIST)],
-    text_or_list("a list of content blocks"),
-]
-
-
-class ToolUseBlock(Body):
-    """A tool call of an earlier assistant turn."""
-
-    type: Literal["tool_use"]
-    id: Text
-    name: FunctionName
-    input: dict[str, Any]
-    cache_control: Any = Field(None, description=IGNORED)
-
-    @model_validator(mode="after")
-    def _input_is_unicode(self) -> Self:
-        # The prompt gets the input as JSON text, which must encode as every Text does.
-        try:
-            self.arguments.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise cross_field("input", f"'input' is not valid Unicode: {exc.reason}") from None
-        return self
-
-    @property
-    def arguments(self) -> str:
-        """The input as JSON text, as the call's arguments."""
-        return json.dumps(self.input, ensure_ascii=False)
-
-
-class ToolResultBlock(Body):
-    """A tool's result, in a user turn."""
-
-    type: Literal["tool_result"]
-    tool_use_id: Text
-    content: ResultContent | None = Field(None, description="text (none: empty)")
-    is_error: bool | None = Field(False, description="the model reads the result as an error")
-    cache_control: Any = Field(None, description=IGNORED)
-
-    @property
-    def text(self) -> str:
-        content = self.content or ""
-        text = content if isinstance(content, str) else _joined(content)
-        return f"Error: {text}" if self.is_error else text
-
-
-class ThinkingBlock(Body):
-    """An assistant's thinking in an earlier turn: accepted, and left out of the prompt (chat
-    templates render no thinking of turns before the last user message)."""
-
-    type: Literal["thinking"]
-    thinking: Text
-    signature: Any = Field(None, description=IGNORED)
-
-
-class RedactedThinkingBlock(Body):
-    """Thinking another server encrypted: accepted, and left out of the prompt."""
-
-    type: Literal["redacted_thinking"]
-    data: Any = Field(None, description=IGNORED)
-
-
-Block = Annotated[
-    Annotated[TextBlock, Tag(tag("text"))]
-    | Annotated[ToolUseBlock, Tag(tag("tool_use"))]
-    | Annotated[ToolResultBlock, Tag(tag("tool_result"))]
-    | Annotated[ThinkingBlock, Tag(tag("thinking"))]
-    | Annotated[RedactedThinkingBlock, Tag(tag("redacted_thinking"))]
-    | Annotated[IgnoredItem, Tag(OTHER)],
-    open_by_type(
-        "a content block with a 'type'",
-        "text",
-        "tool_use",
-        "tool_result",
-        "thinking",
-        "redacted_thinking",
-    ),
-]
-AnthropicContent = Annotated[
-    Annotated[Text, Tag(TEXT)] | Annotated[list[Block], Field(min_length=1), Tag(LIST)],
-    text_or_list("a non-empty list of content blocks"),
-]
-
-
-class MessageParam(Body):
-    """A turn: text, or blocks (``tool_use`` from the assistant, ``tool_result`` from the
-    user). A ``system`` turn (Claude Code sends them) is system text, which the conversation
-    moves into the system prompt (``prompt.conversation``)."""
-
-    role: Literal["user", "assistant", "system"]
-    content: AnthropicContent
-
-    @model_validator(mode="after")
-    def _blocks_of_the_role(self) -> Self:
-        wrong = "tool_result" if self.role == "assistant" else "tool_use"
-        if not isinstance(self.content, str) and any(b.type == wrong for b in self.content):
-            message = f"'content' of the {self.role}'s turn cannot hold a {wrong} block"
-            raise cross_field("content", message)
-        return self
-
-    def chat_messages(self) -> list[ChatMessage]:
-        """This turn as chat messages: a user turn's tool results are tool messages, in
-        order; an assistant turn's tool uses are its tool calls."""
-        if isinstance(self.content, str):
-            return [chat_message(self.role, self.content)]
-        if self.role == "assistant":
-            return [_assistant_message(self.content)]
-        messages: list[ChatMessage] = []
-        for block in self.content:
-            if isinstance(block, ToolResultBlock):
-                messages.append(chat_message("tool", block.text, tool_call_id=block.tool_use_id))
-            elif isinstance(block, TextBlock):
-                if messages and messages[-1].role == self.role:
-                    messages[-1] = chat_message(self.role, f"{messages[-1].text}\n{block.text}")
-                else:
-                    messages.append(chat_message(self.role, block.text))
-        # A turn of ignored blocks only (an image) is still the turn, empty.
-        return messages or [chat_message(self.role, "")]
-
-
-def _assistant_message(blocks: list[Any]) -> ChatMessage:
-    text = _joined([b for b in blocks if isinstance(b, TextBlock)])
-    calls = [tool_call(b.id, b.name, b.arguments) for b in blocks if isinstance(b, ToolUseBlock)]
-    return chat_message("assistant", text or None, calls or None)
-
-
-def _joined(blocks: list[Any]) -> str:
-    return "\n".join(block.text for block in blocks if isinstance(block, TextBlock))
-
 
 # -- tools and output -----------------------------------------------------------------------------
 
@@ -380,7 +224,7 @@ class AnthropicConversation(Request):
         if self.system is None or isinstance(self.system, str):
             return self.system
         blocks = [b for b in self.system if not b.text.startswith(BILLING_HEADER)]
-        return _joined(blocks) if blocks else None
+        return joined(blocks) if blocks else None
 
 
 class CountTokensRequest(AnthropicConversation):
