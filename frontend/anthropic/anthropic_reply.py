@@ -152,7 +152,6 @@ class _MessageEvents(ChatEvents):
         self._blocks = 0  # content blocks started
         self._texts = 0  # text blocks started
         self._open: BlockKind | None = None  # the kind of the last block, while not stopped
-        self._streamed = 0  # tool uses started as they were written
 
     def opening(self) -> list[bytes]:
         usage = AnthropicUsage.of(self.record.counts())
@@ -184,7 +183,7 @@ class _MessageEvents(ChatEvents):
             if delta.name:
                 events += self._stop()
                 events.append(self._start(ToolUseContent(id=delta.id, name=delta.name, input={})))
-                self._open, self._streamed = "tool_use", self._streamed + 1
+                self._open = "tool_use"
             else:
                 more = InputJsonDelta(partial_json=delta.arguments)
                 events.append(event(ContentBlockDelta(index=self._blocks - 1, delta=more)))
@@ -220,10 +219,11 @@ class _MessageEvents(ChatEvents):
     async def end(self, end: RequestUpdate) -> list[bytes]:
         ending = self.output.end(end)
         events = [*self.thinking(ending.reasoning), *self.text(ending.content)]
-        if not self._texts and not ending.calls and not self._streamed:
+        streamed = self.output.started
+        if not self._texts and not ending.calls and not streamed:
             events += self._open_block("text")  # a reply has a text block, even empty
         events += self._stop()
-        for call in ending.calls[self._streamed :]:  # those not streamed: whole
+        for call in ending.calls[streamed:]:  # those not streamed: whole
             events.append(self._start(_tool_use(call, {})))
             delta = InputJsonDelta(partial_json=call.function.arguments)
             events.append(event(ContentBlockDelta(index=self._blocks - 1, delta=delta)))

@@ -31,12 +31,14 @@ class ChatOutput:
         self._stream = parser.stream()
         self.reasoning = ""  # the reply's thinking so far, as sent
         self.text = ""  # the reply's text so far, as sent
+        self.started = 0  # tool calls whose start went out as they were written
 
     def feed(self, text: str) -> Parts:
         """What of ``text`` may be sent now."""
         parts = self._stream.feed(text)
         self.reasoning += parts.reasoning
         self.text += parts.content
+        self.started += sum(1 for delta in parts.calls if delta.name)
         return parts
 
     def end(self, end: RequestUpdate) -> ParsedReply:

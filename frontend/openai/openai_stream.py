@@ -156,7 +156,7 @@ class StreamEvents:
         self._prompt_tokens = prompt_tokens  # None: the one choice's record says
         self._index = {record.request_id: i for i, record in enumerate(records)}
         # Per choice: its chunk of plain text, the text sent (text_offset), its reply read as
-        # it comes (chat) and the tool calls it started, its end once it went out.
+        # it comes (chat), its end once it went out.
         first = records[0]
         self._texts = [
             EventTemplate(form.chunk(first, MARK, None, None, index=i)) for i in range(len(records))
@@ -164,7 +164,6 @@ class StreamEvents:
         self._chars = [0] * len(records)
         chat = form.surface.chat
         self._reading = [ChatOutput(form.parser) if chat else None for _ in records]
-        self._streamed = [0] * len(records)
         self._ends: list[RequestUpdate | None] = [None] * len(records)
         self._failed = False
         self._done = False
@@ -212,7 +211,7 @@ class StreamEvents:
         if reading is not None:
             parts = reading.feed(text)
             reasoning, text = parts.reasoning, parts.content
-            calls = self._call_deltas(index, parts.calls)
+            calls = _call_deltas(parts.calls)
         if not text and not reasoning and not calls and tokens is None:
             return None
         offset = self._chars[index]
@@ -223,20 +222,6 @@ class StreamEvents:
             self._records[0], text, tokens, None, text_offset=offset, reasoning=reasoning,
             calls=calls or None, index=index,
         )  # fmt: skip
-
-    def _call_deltas(self, index: int, deltas: tuple[CallDelta, ...]) -> list[ToolCallDelta]:
-        """The choice's tool calls as they are written: a call's start, more arguments; one
-        entry per call in a chunk, as OpenAI's."""
-        calls: list[ToolCallDelta] = []
-        for delta in deltas:
-            if delta.name:
-                self._streamed[index] += 1
-                calls.append(ToolCallDelta.start(delta.index, delta.id, delta.name))
-            elif calls and calls[-1].index == delta.index:
-                calls[-1].function.arguments += delta.arguments
-            else:
-                calls.append(ToolCallDelta.more(delta.index, delta.arguments))
-        return calls
 
     def _end(self, index: int, end: RequestUpdate) -> list[bytes]:
         error = reply_error(end, self._load())
@@ -249,7 +234,7 @@ class StreamEvents:
         if reading is not None:  # what was held back: text after all, calls not streamed
             tail = reading.end(end)
             reason = tail.reason
-            whole = enumerate(tail.calls[self._streamed[index] :], self._streamed[index])
+            whole = enumerate(tail.calls[reading.started :], reading.started)
             calls = [ToolCallDelta.start(i, call.id, call.function.name, call.function.arguments)
                      for i, call in whole]  # fmt: skip
             if tail.content or tail.reasoning or calls:
@@ -265,6 +250,20 @@ class StreamEvents:
         counts = [record.counts(end) for record, end in ends if end is not None]
         prompt = counts[0].prompt if self._prompt_tokens is None else self._prompt_tokens
         return Usage.of(TokenCounts.summed(counts, prompt))
+
+
+def _call_deltas(deltas: tuple[CallDelta, ...]) -> list[ToolCallDelta]:
+    """A choice's tool calls as they are written: a call's start, more arguments; one entry
+    per call in a chunk, as OpenAI's."""
+    calls: list[ToolCallDelta] = []
+    for delta in deltas:
+        if delta.name:
+            calls.append(ToolCallDelta.start(delta.index, delta.id, delta.name))
+        elif calls and calls[-1].index == delta.index:
+            calls[-1].function.arguments += delta.arguments
+        else:
+            calls.append(ToolCallDelta.more(delta.index, delta.arguments))
+    return calls
 
 
 def _error_event(error: ApiError) -> bytes:

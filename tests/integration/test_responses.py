@@ -166,6 +166,23 @@ def answer_after_the_tool() -> Any:
     return AnswerAfterTheTool()
 
 
+async def run_agent(node: Node, agent: Any) -> Any:
+    """``agent``'s run on ``ASK`` through the node's Responses API, under
+    ``answer_after_the_tool``, in the test's own loop with its client closed at the end
+    (``Runner.run_sync``'s loop and a client left open were collected in a later test, whose
+    unraisable-exception check then failed)."""
+    import agents
+
+    async with openai.AsyncOpenAI(
+        base_url=f"{node.url}/v1", api_key=API_KEY, max_retries=0
+    ) as client:
+        provider = agents.OpenAIProvider(openai_client=client, use_responses=True)
+        return await agents.Runner.run(
+            agent, ASK, run_config=agents.RunConfig(model_provider=provider), max_turns=4,
+            hooks=answer_after_the_tool(),
+        )  # fmt: skip
+
+
 async def test_an_agent_with_one_tool(node: Node, model: str) -> None:
     import agents
 
@@ -183,16 +200,7 @@ async def test_an_agent_with_one_tool(node: Node, model: str) -> None:
         name="weather", instructions="Use the tool to answer.", model=model,
         tools=[get_weather], model_settings=settings, reset_tool_choice=False,
     )  # fmt: skip
-    # The client closed, in the test's own loop (Runner.run_sync's loop and a client left
-    # open were collected in a later test, whose unraisable-exception check then failed).
-    async with openai.AsyncOpenAI(
-        base_url=f"{node.url}/v1", api_key=API_KEY, max_retries=0
-    ) as client:
-        provider = agents.OpenAIProvider(openai_client=client, use_responses=True)
-        result = await agents.Runner.run(
-            agent, ASK, run_config=agents.RunConfig(model_provider=provider), max_turns=4,
-            hooks=answer_after_the_tool(),
-        )  # fmt: skip
+    result = await run_agent(node, agent)
     assert asked and isinstance(result.final_output, str) and result.final_output
     kinds = [item.type for item in result.new_items]
     assert kinds.index("tool_call_item") < kinds.index("tool_call_output_item")
@@ -220,14 +228,7 @@ async def test_an_agent_with_a_tool_and_an_output_type_runs_with_no_model_settin
         name="forecast", instructions="Say whether it is sunny.", model="gpt-4.1",
         tools=[get_weather], output_type=Forecast, reset_tool_choice=False,
     )  # fmt: skip
-    async with openai.AsyncOpenAI(
-        base_url=f"{node.url}/v1", api_key=API_KEY, max_retries=0
-    ) as client:
-        provider = agents.OpenAIProvider(openai_client=client, use_responses=True)
-        result = await agents.Runner.run(
-            agent, ASK, run_config=agents.RunConfig(model_provider=provider), max_turns=4,
-            hooks=answer_after_the_tool(),
-        )  # fmt: skip
+    result = await run_agent(node, agent)
     assert isinstance(result.final_output, Forecast)
 
 
