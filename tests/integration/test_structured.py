@@ -354,8 +354,13 @@ def test_what_a_schema_cannot_enforce_is_served_and_said_so(
         response_format={"type": "json_schema", "json_schema": {"name": "u", "schema": schema}},
     )  # fmt: skip
     assert raw.headers["X-TinyServe-Ignored"] == "response_format schema keywords (format, pattern)"
-    text = raw.parse().choices[0].message.content or ""
-    assert text.startswith('{"url":') or text.startswith('{ "url":'), text
+    choice = raw.parse().choices[0]
+    text = choice.message.content or ""
+    # The schema's shape holds (JSON's grammar lets whitespace stand around the colon: a
+    # sampled reply once wrote '{"url" :"person.json" }'); its format and pattern need not.
+    assert re.match(r'\{\s*"url"\s*:\s*"', text), text
+    if choice.finish_reason == "stop":  # else cut by max_tokens, mid-object
+        assert list(json.loads(text)) == ["url"], text
 
 
 def test_json_object_is_an_object(client: openai.OpenAI, model: str) -> None:
