@@ -119,17 +119,23 @@ def _slots(board: Board) -> list[Any]:
     return list(board.frontend_slots())
 
 
-async def test_a_slot_is_claimed_only_once_the_engine_acknowledged(
-    engine: FakeEngine, client: Client
-) -> None:
+async def test_a_slot_is_claimed_only_once_the_engine_acknowledged(config: Config) -> None:
+    engine = FakeEngine(config)
+    # Before the frontend starts: an engine that answered its first hello would end the
+    # handshake before the test looked (a fresh clone's run saw that once).
     engine.acking = False
-    await until(lambda: len(engine.hellos) >= 2)  # the frontend is in its handshake
-    assert _slots(engine.board) == []  # so no other frontend counts it as linked
-    assert (await client.get("/ready")).status == 503
-    engine.acking = True
-    await wait_serving(client)
-    [slot] = _slots(engine.board)
-    assert slot.pid == os.getpid()
+    engine.start()
+    try:
+        async with TestClient(TestServer(build_app(config))) as client:
+            await until(lambda: len(engine.hellos) >= 2)  # the frontend is in its handshake
+            assert _slots(engine.board) == []  # so no other frontend counts it as linked
+            assert (await client.get("/ready")).status == 503
+            engine.acking = True
+            await wait_serving(client)
+            [slot] = _slots(engine.board)
+            assert slot.pid == os.getpid()
+    finally:
+        await engine.stop()
 
 
 async def test_ready_waits_until_the_node_has_its_frontends_linked(tmp_path: Path) -> None:
