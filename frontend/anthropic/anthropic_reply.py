@@ -58,7 +58,7 @@ from tinyserve.frontend.models.progress import PromptProgress
 from tinyserve.frontend.models.tools import ToolCall
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import Events, sse_event
-from tinyserve.frontend.structured.reply_parser import CallDelta, ReplyParser
+from tinyserve.frontend.structured.reply_parser import CallDelta, ParsedReply, ReplyParser
 from tinyserve.protocol import RequestUpdate
 
 ID_PREFIX = "msg_"
@@ -216,8 +216,7 @@ class _MessageEvents(ChatEvents):
         self._open = None
         return [*events, event(ContentBlockStop(index=index))]
 
-    async def end(self, end: RequestUpdate) -> list[bytes]:
-        ending = self.output.end(end)
+    async def end(self, end: RequestUpdate, ending: ParsedReply) -> list[bytes]:
         events = [*self.thinking(ending.reasoning), *self.text(ending.content)]
         streamed = self.output.started
         if not self._texts and not ending.calls and not streamed:

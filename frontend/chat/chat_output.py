@@ -1,11 +1,11 @@
 """The neutral reply of every surface that speaks in conversations (chat completions,
 Anthropic's Messages, OpenAI's Responses): a chat reply's thinking, text and tool calls as
-they come (``ChatOutput``; the text held back while it may still be a tool call, a call's
-name and arguments as they are written), then at the end its last text, its tool calls and
-its finish reason; a whole reply read the same way (``whole_ending``); and the order of a
-streamed reply's events (``ChatEvents``), which Messages and Responses fill in with their
-own (chat completions, whose stream carries several choices, reads ``ChatOutput`` per
-choice)."""
+they come, read by the request's ``ReplyStream`` (``structured.reply_parser``: the text held
+back while it may still be a tool call, a call's name and arguments as they are written),
+then at the end its last text, its tool calls and its finish reason; a whole reply read the
+same way (``whole_ending``); and the order of a streamed reply's events (``ChatEvents``),
+which Messages and Responses fill in with their own (chat completions, whose stream carries
+several choices, reads a ``ReplyStream`` per choice)."""
 
 from __future__ import annotations
 
@@ -19,35 +19,8 @@ from tinyserve.frontend.models.errors import ApiError, internal_error
 from tinyserve.frontend.models.progress import PromptProgress
 from tinyserve.frontend.request.record import RequestRecord
 from tinyserve.frontend.request.sse import progress_of
-from tinyserve.frontend.structured.reply_parser import CallDelta, ParsedReply, Parts, ReplyParser
+from tinyserve.frontend.structured.reply_parser import CallDelta, ParsedReply, ReplyParser
 from tinyserve.protocol import RequestUpdate
-
-
-class ChatOutput:
-    """One reply's thinking and text, read by ``parser`` (its reasoning tags, its tool calls
-    in the model's syntax)."""
-
-    def __init__(self, parser: ReplyParser) -> None:
-        self._stream = parser.stream()
-        self.reasoning = ""  # the reply's thinking so far, as sent
-        self.text = ""  # the reply's text so far, as sent
-        self.started = 0  # tool calls whose start went out as they were written
-
-    def feed(self, text: str) -> Parts:
-        """What of ``text`` may be sent now."""
-        parts = self._stream.feed(text)
-        self.reasoning += parts.reasoning
-        self.text += parts.content
-        self.started += sum(1 for delta in parts.calls if delta.name)
-        return parts
-
-    def end(self, end: RequestUpdate) -> ParsedReply:
-        """The end, once ``end`` came (a normal one: errors go another way): thinking and
-        text not sent yet, the tool calls, the finish reason."""
-        parsed = self._stream.end(finish_reason(end))
-        self.reasoning += parsed.reasoning
-        self.text += parsed.content
-        return parsed
 
 
 def whole_ending(whole: RequestUpdate, parser: ReplyParser) -> ParsedReply:
@@ -66,7 +39,7 @@ class ChatEvents(ABC):
     ) -> None:
         self.record = record
         self.load = load
-        self.output = ChatOutput(parser)
+        self.output = parser.stream()  # what of the reply went out
         self.ended = False  # the ending went out
 
     async def take(self, update: RequestUpdate) -> list[bytes]:
@@ -80,7 +53,10 @@ class ChatEvents(ABC):
         events += self.calls(parts.calls)
         if update.finish_reason is not None:
             error = reply_error(update, self.load())
-            events += [self.failure(error)] if error is not None else await self.end(update)
+            if error is not None:
+                events.append(self.failure(error))
+            else:
+                events += await self.end(update, self.output.end(finish_reason(update)))
             self.ended = True
         return events
 
@@ -112,6 +88,6 @@ class ChatEvents(ABC):
         """Tool calls as they are written: a call's start, more of its arguments."""
 
     @abstractmethod
-    async def end(self, end: RequestUpdate) -> list[bytes]:
-        """The ending of a reply that ended normally: the last thinking and text, tool calls
-        and the reply's end."""
+    async def end(self, end: RequestUpdate, ending: ParsedReply) -> list[bytes]:
+        """The events of a reply that ended normally (``end``, read as ``ending``): its last
+        thinking and text, its tool calls and its end."""

@@ -4,8 +4,9 @@
 chunks carry ``usage``, the logprobs asked for, how a chat reply is read) and makes the
 chunks; ``StreamEvents`` is what ``sse.write_sse`` writes for a stream: a chat stream opens
 with a ``role`` delta per choice, then each choice's deltas at its ``index`` as its updates
-come (a chat choice read by the neutral ``ChatOutput``: its thinking, its text, and its tool
-calls as they are written, a call's start once its name is, then its arguments), its finish
+come (a chat choice read by its ``ReplyStream``, as every conversation surface reads a reply:
+its thinking, its text, and its tool calls as they are written, a call's start once its name
+is, then its arguments), its finish
 chunk, and once every choice ended the usage chunk when asked (summed over the
 choices) and ``[DONE]``; an error ends the whole stream.
 """
@@ -17,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tinyserve.frontend.chat.chat_output import ChatOutput
 from tinyserve.frontend.chat.ending import finish_reason, reply_error
 from tinyserve.frontend.chat.logprobs import TokenLogprob, token_logprobs
 from tinyserve.frontend.chat.reply_ids import CHAT_ID_PREFIX, COMPLETION_ID_PREFIX
@@ -163,7 +163,7 @@ class StreamEvents:
         ]
         self._chars = [0] * len(records)
         chat = form.surface.chat
-        self._reading = [ChatOutput(form.parser) if chat else None for _ in records]
+        self._reading = [form.parser.stream() if chat else None for _ in records]
         self._ends: list[RequestUpdate | None] = [None] * len(records)
         self._failed = False
         self._done = False
@@ -232,7 +232,7 @@ class StreamEvents:
         reason, events, first = finish_reason(end), [], self._records[0]
         reading = self._reading[index]
         if reading is not None:  # what was held back: text after all, calls not streamed
-            tail = reading.end(end)
+            tail = reading.end(reason)
             reason = tail.reason
             whole = enumerate(tail.calls[reading.started :], reading.started)
             calls = [ToolCallDelta.start(i, call.id, call.function.name, call.function.arguments)

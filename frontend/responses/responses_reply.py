@@ -318,7 +318,7 @@ class _ResponseEvents(ChatEvents):
     def _close_message(self, status: ResponseStatus) -> list[bytes]:
         if not self._message_open:
             return []
-        text = self.output.text
+        text = self.output.content
         item = message(self.record, text, status)
         where = {"item_id": item.id, "output_index": self._index(), "content_index": 0}
         events = [
@@ -339,8 +339,7 @@ class _ResponseEvents(ChatEvents):
         events = self.calls((start, CallDelta(start.index, arguments=call.function.arguments)))
         return events + self._close_call(call)
 
-    async def end(self, end: RequestUpdate) -> list[bytes]:
-        ending = self.output.end(end)
+    async def end(self, end: RequestUpdate, ending: ParsedReply) -> list[bytes]:
         status = _status(ending)
         events = [*self.thinking(ending.reasoning), *self.text(ending.content)]
         events += self._close_reasoning()

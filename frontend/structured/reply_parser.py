@@ -81,38 +81,48 @@ class ReplyParser:
     def parse(self, text: str, reason: FinishReason) -> ParsedReply:
         """The whole reply ``text``, which ended for ``reason``."""
         stream = self.stream()
-        head = stream.feed(text)
+        stream.feed(text)
         tail = stream.end(reason)
-        content, reasoning = head.content + tail.content, head.reasoning + tail.reasoning
-        return ParsedReply(content, reasoning, tail.calls, tail.reason)
+        return ParsedReply(stream.content, stream.reasoning, tail.calls, tail.reason)
 
 
 class ReplyStream:
-    """One reply read as its text comes (``feed``), then ended (``end``)."""
+    """One reply read as its text comes (``feed``), then ended (``end``); it keeps the
+    thinking and text it gave out, and counts the calls whose start it gave."""
 
     def __init__(self, parser: ReplyParser) -> None:
         reasoning = parser.reasoning
         self._split = None if reasoning is None else ReasoningSplit(reasoning, parser.opened)
         self._hold = None if parser.tools is None else _CallHold(parser.tools)
+        self.reasoning = ""  # the thinking given out so far
+        self.content = ""  # the text given out so far
+        self.started = 0  # tool calls whose start was given out as they were written
 
     def feed(self, text: str) -> Parts:
         """What of the reply so far may be sent, given its next ``text``."""
         thinking, answer = ("", text) if self._split is None else self._split.feed(text)
-        if self._hold is None:
-            return Parts(thinking, answer)
-        return Parts(thinking, self._hold.feed(answer), self._hold.stream())
+        parts = Parts(thinking, answer)
+        if self._hold is not None:
+            parts = Parts(thinking, self._hold.feed(answer), self._hold.stream())
+        self._gave(parts.reasoning, parts.content)
+        self.started += sum(1 for delta in parts.calls if delta.name)
+        return parts
 
     def end(self, reason: FinishReason) -> ParsedReply:
         """What was held back, and the calls, once the reply ended for ``reason``."""
         thinking, answer = ("", "") if self._split is None else self._split.end()
-        if self._hold is None:
-            return ParsedReply(answer, thinking, [], reason)
-        answer = self._hold.feed(answer)
-        cut = reason == "length"
-        rest, calls = self._hold.end(cut)
-        return ParsedReply(
-            answer + rest, thinking, calls, reason if cut or not calls else "tool_calls"
-        )
+        calls: list[ToolCall] = []
+        if self._hold is not None:
+            answer, cut = self._hold.feed(answer), reason == "length"
+            rest, calls = self._hold.end(cut)
+            answer += rest
+            reason = reason if cut or not calls else "tool_calls"
+        self._gave(thinking, answer)
+        return ParsedReply(answer, thinking, calls, reason)
+
+    def _gave(self, reasoning: str, content: str) -> None:
+        self.reasoning += reasoning
+        self.content += content
 
 
 class _CallHold:

@@ -18,12 +18,15 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 
 
 def streamed(parser: ReplyParser, pieces: list[str], reason: FinishReason) -> ParsedReply:
-    """What a stream sends in all, its pieces' parts and its end's joined."""
+    """What a stream sends in all, its pieces' parts and its end's joined (and what the
+    stream keeps of it)."""
     stream = parser.stream()
     sent = [stream.feed(piece) for piece in pieces]
     end = stream.end(reason)
     reasoning = "".join(p.reasoning for p in sent) + end.reasoning
     content = "".join(p.content for p in sent) + end.content
+    assert (stream.content, stream.reasoning) == (content, reasoning)  # what it says it gave
+    assert stream.started == sum(1 for p in sent for delta in p.calls if delta.name)
     return ParsedReply(content, reasoning, end.calls, end.reason)
 
 
@@ -118,6 +121,7 @@ def test_calls_stream_as_they_are_written_however_the_pieces_fall(cuts: list[int
     end = stream.end("stop")
     starts = [d for d in deltas if d.name]
     assert [(d.index, d.name) for d in starts] == [(0, "get_weather"), (1, "get_time")]
+    assert stream.started == 2
     # Each call's arguments, streamed piece by piece, are the text the reply's call holds
     # (wherever a piece ends: after the head's colon, the value's space is no part of it),
     # and the reply's calls carry the ids the stream gave them.
