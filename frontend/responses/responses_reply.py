@@ -88,7 +88,7 @@ class ResponsesReply:
             items.append(reasoning(record, ending.reasoning))
         if ending.content or not ending.calls:
             items.append(message(record, ending.content, status))
-        items += [function_call(call, "completed") for call in ending.calls]
+        items += [_whole(call) for call in ending.calls]
         body = self.response(record, status, items, ResponsesUsage.of(record.counts(whole)))
         return json_response(body, headers={"X-Request-Id": record.request_id})
 
@@ -154,24 +154,19 @@ def reasoning(record: RequestRecord, text: str | None) -> ReasoningItem:
     return ReasoningItem(id=item_id, status="completed", content=[ReasoningText(text=text)])
 
 
-def function_call(call: ToolCall, status: Any, arguments: str | None = None) -> FunctionToolCall:
-    """The function call item of ``call`` (with other ``arguments``: as it starts)."""
+def function_call(call_id: str, name: str, arguments: str, status: Any) -> FunctionToolCall:
+    """The function call item of the call ``call_id`` (as it starts, or as far as it got)."""
     return FunctionToolCall(
-        id=_item_id(call.id), call_id=call.id, name=call.function.name,
-        arguments=call.function.arguments if arguments is None else arguments, status=status,
-    )  # fmt: skip
+        id=_item_id(call_id), call_id=call_id, name=name, arguments=arguments, status=status
+    )
 
 
 def _item_id(call_id: str) -> str:
     return CALL_PREFIX + call_id.removeprefix("call_")
 
 
-def _streamed_call(start: CallDelta, status: Any, arguments: str) -> FunctionToolCall:
-    """The function call item of a call that streams, as far as it got."""
-    return FunctionToolCall(
-        id=_item_id(start.id), call_id=start.id, name=start.name, arguments=arguments,
-        status=status,
-    )  # fmt: skip
+def _whole(call: ToolCall) -> FunctionToolCall:
+    return function_call(call.id, call.function.name, call.function.arguments, "completed")
 
 
 def _normal(arguments: str) -> str:
@@ -273,7 +268,7 @@ class _ResponseEvents(ChatEvents):
             if delta.name:
                 events += self._close_reasoning() + self._close_message("completed")
                 events += self._close_call(None)
-                added = _streamed_call(delta, "in_progress", "")
+                added = function_call(delta.id, delta.name, "", "in_progress")
                 events.append(self._event(OutputItemEvent, type="response.output_item.added",
                                           output_index=self._index(), item=added))  # fmt: skip
                 self._call, self._streamed = (delta, ""), self._streamed + 1
@@ -291,9 +286,9 @@ class _ResponseEvents(ChatEvents):
             return []
         start, arguments = self._call
         done = (
-            function_call(call, "completed")
+            _whole(call)
             if call is not None
-            else _streamed_call(start, "completed", _normal(arguments))
+            else function_call(start.id, start.name, _normal(arguments), "completed")
         )
         where = {"item_id": done.id, "output_index": self._index()}
         events = [
