@@ -16,7 +16,9 @@ spans lines counts each of its lines. Three file sets, each read at its own comm
   choices in one reply). Left out everywhere, as in the first count: route handlers, the
   logprob formatting, the chat template, the grammar code (``structured/``).
 
-    .venv/bin/python bench/api_code_size.py [--now COMMIT] [--files]
+``--reply`` counts the reply side instead (issue 45; ``REPLY_SETS``).
+
+    .venv/bin/python bench/api_code_size.py [--now COMMIT] [--files] [--reply]
 """
 
 from __future__ import annotations
@@ -56,6 +58,26 @@ NOW = (
     *NEW_FEATURES,
 )  # fmt: skip
 SETS = {"checkers": ("c00c728", CHECKERS), "models": ("fd3a3ae", MODELS)}
+# --reply (issue 45): the reply side of the surfaces that speak in conversations, the chat
+# reply's reading and each surface's encoders, streamed and whole, with the several-choice
+# runner and the logprobs; at 4dcd609, the tree issue 45 was filed against, and now, where
+# its shared pieces went to chat/. The reply parser (structured/) is counted on its own.
+REPLY_BEFORE = (
+    F + "anthropic/anthropic_reply.py", F + "openai/chat_output.py", F + "openai/choices.py",
+    F + "openai/openai_logprobs.py", F + "openai/openai_reply.py", F + "openai/openai_stream.py",
+    F + "responses/responses_reply.py",
+)  # fmt: skip
+REPLY_NOW = (
+    F + "anthropic/anthropic_reply.py", F + "chat/chat_output.py", F + "chat/ending.py",
+    F + "chat/logprobs.py", F + "chat/reply_ids.py", F + "openai/choices.py",
+    F + "openai/openai_logprobs.py", F + "openai/openai_reply.py", F + "openai/openai_stream.py",
+    F + "responses/responses_reply.py",
+)  # fmt: skip
+PARSER = (F + "structured/reply_parser.py",)
+REPLY_SETS = {
+    "reply": ("4dcd609", REPLY_BEFORE), "parser": ("4dcd609", PARSER),
+    "reply now": (None, REPLY_NOW), "parser now": (None, PARSER),
+}  # fmt: skip
 
 _NOT_CODE = frozenset({
     tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
@@ -97,14 +119,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--now", help="count the 'now' set at this commit, not the working tree")
     parser.add_argument("--files", action="store_true", help="also print each file's count")
+    parser.add_argument("--reply", action="store_true", help="the reply side (issue 45)")
     args = parser.parse_args()
-    sets = {**SETS, "now": (args.now, NOW)}
+    sets = REPLY_SETS if args.reply else {**SETS, "now": (args.now, NOW)}
     for name, (commit, paths) in sets.items():
         counts = count(commit, paths)
         where = commit or "working tree"
         new = sum(n for path, n in counts.items() if path in NEW_FEATURES)
-        extra = f" (files of new features: {new})" if new else ""
-        print(f"{name:9s} {where:13s} {sum(counts.values()):6,d} code lines{extra}")
+        extra = f" (files of new features: {new})" if new and not args.reply else ""
+        print(f"{name:10s} {where:13s} {sum(counts.values()):6,d} code lines{extra}")
         if args.files:
             for path, n in counts.items():
                 print(f"    {n:5d} {'*' if path in NEW_FEATURES else ' '} {path}")
