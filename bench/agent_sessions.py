@@ -27,6 +27,7 @@ time to the first streamed delta and to the end; for TinyServe the slowest turns
     .venv/bin/python bench/agent_sessions.py --sessions 1
     .venv/bin/python bench/agent_sessions.py --frontends 2
     .venv/bin/python bench/agent_sessions.py --capture claude-read.jsonl --sessions 1
+    .venv/bin/python bench/agent_sessions.py --no-tools --ignore-eos  # the same work on both
 """
 
 from __future__ import annotations
@@ -151,6 +152,8 @@ def stamped(body: dict[str, Any], model: str, args: argparse.Namespace) -> dict[
             "stream": True, "temperature": 0}  # fmt: skip
     if args.no_tools:
         body.pop("tools", None)
+    if args.ignore_eos:
+        body["ignore_eos"] = True  # TinyServe's extension; llama-server has it from its flag
     cch = "00000" if args.same_header else f"{random.getrandbits(20):05x}"
     system = body.get("system")
     if isinstance(system, list) and system and system[0].get("text", "").startswith("x-anthr"):
@@ -319,6 +322,10 @@ def main() -> None:
     parser.add_argument("--no-tools", action="store_true",
                         help="leave the tool list out (llama-server leaves it out of this "
                         "model's prompt anyway): both servers then see alike prompts")  # fmt: skip
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="every reply runs to --max-tokens on both servers (llama-server "
+                        "--ignore-eos; its Messages route passes no such field): equal work "
+                        "whatever the model writes")  # fmt: skip
     parser.add_argument("--capture", type=Path, help="replay these /v1/messages bodies")
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--ctx-per-slot", type=int, default=8192)
@@ -337,11 +344,16 @@ def main() -> None:
         "llama-server": lambda: launch_llama_server(free_port(), [
             "-m", str(model), "-t", str(args.threads), "-tb", str(args.threads),
             "-c", str(args.slots * args.ctx_per_slot), "-np", str(args.slots), "--jinja",
-            *([] if repack_weights("auto") else ["--no-repack"])], "agent-sessions.log"),
+            *([] if repack_weights("auto") else ["--no-repack"]),
+            *(["--ignore-eos"] if args.ignore_eos else [])], "agent-sessions.log"),
     }  # fmt: skip
     header = "the same" if args.same_header else "new every request"
-    print(f"{args.sessions} sessions x {args.turns} turns; cch {header}; {args.slots} slots of "
-          f"{args.ctx_per_slot} cells; {args.frontends} TinyServe frontend(s)")  # fmt: skip
+    print(
+        f"{args.sessions} sessions x {args.turns} turns; cch {header}; {args.slots} slots of "
+        f"{args.ctx_per_slot} cells; {args.frontends} TinyServe frontend(s)"
+        + "; no tools" * args.no_tools
+        + "; every reply max_tokens long" * args.ignore_eos
+    )
     rows: dict[str, list[dict[str, float]]] = {}
     for _ in range(args.rounds):
         for name in args.servers.split(","):
