@@ -53,6 +53,7 @@ class EngineLink:
         self._inode: int | None = None
         self._slot: int | None = None
         self.ack: protocol.HelloAck | None = None  # set while serving, None otherwise
+        self._limits: Limits | None = None  # the ack's, made once per handshake
         self.serving = asyncio.Event()
         self.on_serving: Callable[[], None] | None = None  # called each time a link is up
 
@@ -61,10 +62,7 @@ class EngineLink:
     @property
     def limits(self) -> Limits | None:
         """Admission limits of the engine being served, None while not serving."""
-        ack = self.ack
-        if ack is None or not self.serving.is_set():
-            return None
-        return Limits(ack.max_queue, ack.n_ctx, ack.slots)
+        return self._limits if self.serving.is_set() else None
 
     def unready_reason(self) -> str | None:
         """Why ``/ready`` must not say 200 now, or None.
@@ -185,7 +183,7 @@ class EngineLink:
         # only a label (slots are owned and reaped by pid), so a prefix is enough.
         label = self._client.frontend_id[: board_view.FRONTEND_ID_MAX]
         self._slot = self._board.claim_slot(label, os.getpid(), time.monotonic_ns())
-        self.ack = ack
+        self.ack, self._limits = ack, Limits(ack.max_queue, ack.n_ctx, ack.slots)
         self.serving.set()
         log.info(
             "engine handshake done",
@@ -236,7 +234,7 @@ class EngineLink:
             engine_pid = self.ack.engine_pid if self.ack else None
             if engine_pid and not pid_alive(engine_pid):  # its live gauges go, counters stay
                 self._metrics.process.forget_process(engine_pid)
-        self.ack = None
+        self.ack = self._limits = None
         if was_serving:
             level = logging.INFO if expected else logging.ERROR
             log.log(
