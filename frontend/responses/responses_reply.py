@@ -195,7 +195,6 @@ class _ResponseEvents(ChatEvents):
         self._reasoning_open = False  # the reasoning item started and is not done
         self._message_open = False  # the message item started and is not done
         self._call: tuple[CallDelta, str] | None = None  # the call streaming: start, arguments
-        self._streamed = 0  # calls started as they were written
 
     def _event(self, kind: type[Any], **fields: Any) -> bytes:
         body = kind(sequence_number=self._sequence, **fields)
@@ -271,7 +270,7 @@ class _ResponseEvents(ChatEvents):
                 added = function_call(delta.id, delta.name, "", "in_progress")
                 events.append(self._event(OutputItemEvent, type="response.output_item.added",
                                           output_index=self._index(), item=added))  # fmt: skip
-                self._call, self._streamed = (delta, ""), self._streamed + 1
+                self._call = (delta, "")
             elif self._call is not None:
                 start, arguments = self._call
                 self._call = (start, arguments + delta.arguments)
@@ -327,10 +326,10 @@ class _ResponseEvents(ChatEvents):
         self._message_open = False
         return events
 
-    def _whole_call(self, call: ToolCall) -> list[bytes]:
-        """A call that did not stream: its start and its arguments in one delta, then its
-        end as a streamed call's."""
-        start = CallDelta(self._streamed, call.id, call.function.name)
+    def _whole_call(self, index: int, call: ToolCall) -> list[bytes]:
+        """A call that did not stream, the reply's ``index``-th: its start and its arguments
+        in one delta, then its end as a streamed call's."""
+        start = CallDelta(index, call.id, call.function.name)
         events = self.calls((start, CallDelta(start.index, arguments=call.function.arguments)))
         return events + self._close_call(call)
 
@@ -338,13 +337,14 @@ class _ResponseEvents(ChatEvents):
         status = _status(ending)
         events = [*self.thinking(ending.reasoning), *self.text(ending.content)]
         events += self._close_reasoning()
-        if self._message_open or not (ending.calls or self._streamed):
+        streamed = self.output.started
+        if self._message_open or not (ending.calls or streamed):
             events += [] if self._message_open else self._open_message()
             events += self._close_message(status)
-        last = ending.calls[self._streamed - 1] if 0 < self._streamed <= len(ending.calls) else None
+        last = ending.calls[streamed - 1] if 0 < streamed <= len(ending.calls) else None
         events += self._close_call(last)
-        for call in ending.calls[self._streamed :]:  # those not streamed: whole
-            events += self._whole_call(call)
+        for index, call in enumerate(ending.calls[streamed:], streamed):  # not streamed: whole
+            events += self._whole_call(index, call)
         usage = ResponsesUsage.of(self.record.counts(end))
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         return [*events, self._lifecycle(kind, status, usage=usage)]
