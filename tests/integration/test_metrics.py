@@ -198,10 +198,17 @@ async def test_dead_processes_leave_gauges_but_keep_their_counts(tmp_path: Path)
         async with aiohttp.ClientSession() as s:
             status, _, reply = await post_json(s, url, prompt="Hi", max_tokens=3)
         assert status == 200, reply
-        after = await scrape_until(
-            url, lambda f: get(f, "tinyserve_kv_blocks_capacity") > 0, "new engine's gauges"
-        )
         new_tokens = reply["usage"]["completion_tokens"]
+        # The engine counts a tick's tokens after it sent them: the reply can reach us first
+        # (a fresh clone's run scraped 2 of the 3), so wait for the count, then check it.
+        after = await scrape_until(
+            url,
+            lambda f: (
+                get(f, "tinyserve_kv_blocks_capacity") > 0
+                and get(f, generated) >= get(before, generated) + new_tokens
+            ),
+            "new engine's gauges and counts",
+        )
         assert get(after, generated) == get(before, generated) + new_tokens
 
         # A frontend dies: the engine reaps it and its engine_up series goes.
