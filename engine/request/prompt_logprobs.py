@@ -21,17 +21,17 @@ def wanted(seq: Sequence) -> bool:
     return seq.request.prompt_logprobs >= 0
 
 
-def defers(seq: Sequence, n: int, chunk: int, room: int) -> bool:
-    """Whether ``seq`` waits for a later tick rather than prefill only ``n`` tokens now.
+def defers(seq: Sequence, n: int, piece: int, room: int) -> bool:
+    """Whether ``seq`` waits for a later tick rather than prefill only ``n`` tokens of its
+    next ``piece`` now.
 
     NOTE: how a prompt is split across decode calls moves its logits (by up to 0.08 in a
-    token's logprob measured here), so a request that wants them takes each chunk whole:
+    token's logprob measured here), so a request that wants them takes each piece whole:
     its numbers then depend on ``--chunk`` alone, not on what else shared the tick. It only
-    waits for a chunk that fits a batch beside every slot's decode row (``room``), so it is
+    waits for a piece that fits a batch beside every slot's decode row (``room``), so it is
     never starved.
     """
-    whole = min(seq.prefill_left, chunk)
-    return wanted(seq) and n < whole <= room
+    return wanted(seq) and n < piece <= room
 
 
 def chunk_entries(

@@ -3,8 +3,9 @@
 Every decision of the engine is made here, on plain state: acceptance and rejection, the
 policy's queue, expiry (deadlines and timeouts), slot grants (with ``KvSpace`` choosing the
 slot and what it reuses), the tick's plan (decode rows first, one per running sequence in slot
-order, then prefill chunks within the token budget), and after the decode what each row's
-results mean: the end of a prompt, a stop string, ``max_tokens``, an end-of-generation token.
+order, then prompt pieces of one length within the token budget), and after the decode what
+each row's results mean: the end of a prompt, a stop string, ``max_tokens``, an
+end-of-generation token.
 
 Each step of serving one request runs under ``serving``: whatever it raises ends that request
 alone with ``finish_reason: "error"``; the engine goes on.
@@ -26,6 +27,7 @@ from tinyserve.engine.output.report import Cause, Ended, Grant, Rejected
 from tinyserve.engine.request import prompt_logprobs
 from tinyserve.engine.request.sequence import Sequence, SequenceStatus
 from tinyserve.engine.request.timeline import RecentTimelines, Timeline
+from tinyserve.engine.scheduling import pieces
 from tinyserve.engine.scheduling.deadline import overdue
 from tinyserve.engine.scheduling.drain import DrainRate
 from tinyserve.engine.scheduling.policies import Policy, make_policy
@@ -170,23 +172,26 @@ class Scheduler:
         seq.timeline.log_grant(waiting=len(self.policy))
 
     def _plan(self) -> list[Row]:
-        """Every decoding sequence's token first, then prefill chunks within the token budget
-        (in grant order), then guesses in what budget is left; the rows go to llama.cpp in
-        slot order, since it decodes rows of consecutive sequence ids in one pass and splits
-        the batch wherever the order breaks."""
+        """Every decoding sequence's token first, then prompt pieces within the token budget
+        (in grant order, all of the first one's length: ``pieces``), then, in a tick with no
+        prompt piece, guesses in what budget is left; the rows go to llama.cpp in slot order,
+        since it decodes rows of consecutive sequence ids in one pass and splits the batch
+        wherever the order breaks."""
         decoding = [seq for seq in self.running if seq.status is SequenceStatus.DECODE]
         plan: list[Row] = []
         budget = min(self.config.max_batch_tokens, self.kv.runtime.batch.capacity)
-        used = len(decoding)
+        used, length = len(decoding), 0  # rows so far; the length of the tick's pieces
         for seq in self.running:
-            n = min(seq.prefill_left, self.config.chunk, budget - used)
+            piece = pieces.next_piece(seq.prefill_left, self.config.chunk)
+            n = min(piece, budget - used)
             room = budget - self.config.slots
-            if n <= 0 or prompt_logprobs.defers(seq, n, self.config.chunk, room):
+            if n <= 0 or (length and n != length) or prompt_logprobs.defers(seq, n, piece, room):
                 continue
             last = seq.n_past + n == seq.prompt_len
             plan.append(Row(seq, n, last and seq.request.max_tokens > 0))
-            used += n
-        guesses = self.guessing.guesses(decoding, budget - used)
+            used, length = used + n, n
+        # A guess's rows would take as many of a piece's into a ubatch below a tile.
+        guesses = {} if length else self.guessing.guesses(decoding, budget - used)
         for seq in decoding:
             guess = guesses.get(seq.slot, ())
             plan.append(Row(seq, 1 + len(guess), True, guess))

@@ -89,10 +89,11 @@ def check_a_choice_granted_while_the_first_decodes(
 ) -> None:
     """Every slot but one held for a tick, then two greedy choices: the second gets a slot
     only once the first decodes, copies all of its prompt but the last token, prefills that
-    one and continues alike."""
-    for n in range(len(driver.core.slots()) - 1):
-        driver.submit(tokenize(f"Hello {n}"), 1)
+    one and continues alike. The holders' prompts are as long as the choices' so that all
+    prefill in the first tick (a tick's prompt pieces are of one length)."""
     prompt = tokenize(PROMPT)
+    for n in range(len(driver.core.slots()) - 1):
+        driver.submit([n + 1, *prompt[1:]], 1)
     ids = submit_choices(driver, prompt, 2, 6, temperature=0.0)
     driver.run()
     assert driver.tokens(ids[1]) == driver.tokens(ids[0])

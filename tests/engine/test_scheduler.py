@@ -56,7 +56,7 @@ def engine() -> Iterator[Engine]:
     e.runtime.close()
 
 
-def test_decode_rows_first_then_prefill_chunks_within_the_budget_all_in_slot_order(
+def test_decode_rows_first_then_prompt_pieces_of_one_length_within_the_budget_in_slot_order(
     engine: Engine,
 ) -> None:
     engine.submit("a", [1, 2, 3])
@@ -66,14 +66,37 @@ def test_decode_rows_first_then_prefill_chunks_within_the_budget_all_in_slot_ord
     engine.submit("c", [3, 2, 1])  # next to b, a slot that keeps nothing: 2
     engine.submit("d", list(range(1, 21)))  # 20 tokens: next to b and c, 3
     engine.submit("e", list(range(2, 22)))  # the one left, 0
-    # The budget (12) in grant order: b's token, c's whole prompt (sampled), a chunk of d
-    # (6), what is left for e (2); the rows go to llama.cpp in slot order.
-    assert engine.step() == [(0, 2, False), (1, 1, True), (2, 3, True), (3, 6, False)]
+    # In grant order: b's token, then c's whole prompt (sampled); d's and e's first pieces (5
+    # of 20: four even pieces of at most 6) are not of c's length and wait.
+    assert engine.step() == [(1, 1, True), (2, 3, True)]
     assert [engine.slot_of(r) for r in "bcde"] == [1, 2, 3, 0]
-    assert engine.step() == [(0, 4, False), (1, 1, True), (2, 1, True), (3, 6, False)]
-    assert engine.step() == [(0, 4, False), (1, 1, True), (2, 1, True), (3, 6, False)]
-    assert engine.step() == [(0, 6, False), (1, 1, True), (2, 1, True), (3, 2, True)]
-    assert engine.step() == [(0, 4, True), (1, 1, True), (2, 1, True), (3, 1, True)]
+    # Two tokens, then d's and e's pieces of one length: the budget (12) holds both. The rows
+    # go to llama.cpp in slot order.
+    for _ in range(3):
+        assert engine.step() == [(0, 5, False), (1, 1, True), (2, 1, True), (3, 5, False)]
+    assert engine.step() == [(0, 5, True), (1, 1, True), (2, 1, True), (3, 5, True)]
+    assert engine.step() == [(0, 1, True), (1, 1, True), (2, 1, True), (3, 1, True)]
+
+
+def test_a_piece_of_another_length_waits_and_the_budget_cuts_the_first() -> None:
+    engine = Engine(policy="fifo")
+    engine.submit("long", list(range(1, 31)), max_tokens=4)  # 30 tokens: five pieces of 6
+    engine.submit("short", [3, 2, 1, 4], max_tokens=4)  # 4 tokens, granted second
+    assert engine.step() == [(0, 6, False)]  # the short prompt's 4 are not the long one's 6
+    for _ in range(4):
+        assert engine.step()[0] == (0, 6, engine.core.slots()[0].prefill_left == 0)
+    assert engine.step() == [(0, 1, True), (1, 4, True)]
+    engine.runtime.close()
+    # Eleven decoding sequences leave a budget of 12 one row: a piece is cut to what fits.
+    crowded = Engine(slots=12, max_batch_tokens=12)
+    for n in range(11):
+        crowded.submit(f"r{n}", [n + 1, 2, 3])
+    for _ in range(11):
+        crowded.step()
+    assert all(s and s.prefill_left == 0 for s in crowded.core.slots()[:11])
+    crowded.submit("late", list(range(1, 11)), max_tokens=4)
+    assert crowded.step()[-1] == (11, 1, False)
+    crowded.runtime.close()
 
 
 def finishes(report: TickReport) -> list[tuple[str, str, Cause]]:
