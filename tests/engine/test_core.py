@@ -99,15 +99,15 @@ def test_concurrent_requests_share_batches(driver: Driver) -> None:
     assert (load.running, load.waiting, load.blocks_used) == (0, 0, 0)
 
 
-def test_prefill_is_cut_into_even_pieces_within_the_token_budget(driver: Driver) -> None:
+def test_prefill_is_chunked_within_the_token_budget(driver: Driver) -> None:
     rid = driver.submit(list(range(200, 300)), max_tokens=2)  # 100 tokens, chunk 32
     driver.run()
     chunks = [chunk.tokens for chunk in driver.finishes[rid].timeline.chunks]
-    assert chunks == [25, 25, 25, 25]  # four pieces, as even as can be: not 32, 32, 32, 4
+    assert chunks == [32, 32, 32, 4]
     assert max(b.tokens for b in driver.batches) <= 64
     # Each chunk's tick tells the frontend how far the prompt is (its progress events).
     done = [u.prompt_done for u in driver.updates[rid] if u.prompt_done]
-    assert done == [25, 50, 75, 100]
+    assert done == [32, 64, 96, 100]
 
 
 def test_greedy_result_does_not_depend_on_batch_company(runtime: LlamaRuntime) -> None:
@@ -226,23 +226,23 @@ def test_load_counts_the_blocks_running_requests_fill_and_free_slots_keep(
     assert [s.request_id if s else None for s in core.slots()] == [again, other, None, None]
     load = core.load()
     # again: 41 kept + 2 prefilled (3 blocks); other: nothing yet (a tick's pieces are of one
-    # length, and its first piece, 25 of 50, is not again's 2)
+    # length, and its first piece, 32 of 50, is not again's 2)
     assert (load.running, load.blocks_used, load.blocks_cached) == (2, 3, 0)
     driver.step()
     load = core.load()
-    # again: 3 blocks (its first token went in); other: a 25-token piece of 50 (2 blocks)
+    # again: 3 blocks (its first token went in); other: a 32-token piece of 50 (2 blocks)
     assert (load.running, load.blocks_used, load.blocks_cached) == (2, 3 + 2, 0)
     core.cancel(other)
     driver.step()
     load = core.load()
-    assert (load.running, load.blocks_used, load.blocks_cached) == (1, 3, 2)  # slot 1 keeps 25
+    assert (load.running, load.blocks_used, load.blocks_cached) == (1, 3, 2)  # slot 1 keeps 32
 
 
 def test_cancel_frees_slot_and_blocks_within_one_tick(driver: Driver) -> None:
     running = driver.submit(list(range(1, 100)), max_tokens=50)
     driver.step()  # now prefilling
     load = driver.core.load()
-    assert (load.running, load.blocks_used) == (1, 2)  # a piece of 25 (99 tokens in 4)
+    assert (load.running, load.blocks_used) == (1, 2)  # a piece of 32
     assert [s.request_id if s else None for s in driver.core.slots()] == [running, *[None] * 3]
     driver.core.cancel(running)
     driver.step()

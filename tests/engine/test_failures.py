@@ -136,7 +136,8 @@ def test_a_failed_decode_ends_the_requests_in_its_batch_and_the_engine_goes_on(
 
     monkeypatch.setattr(runtime, "decode", decode)
     first = d.submit(PROMPT, max_tokens=8)
-    second = d.submit(list(range(400, 420)), max_tokens=8)
+    # as long as the first: a tick's prompt pieces are of one length
+    second = d.submit(list(range(400, 400 + len(PROMPT))), max_tokens=8)
     waiting = d.submit(OTHER, max_tokens=4)  # no slot: not in the failed batch
     d.step()
     d.step()  # the failing decode

@@ -21,13 +21,11 @@ def test_a_tick_reports_grants_batch_composition_and_load(runtime: LlamaRuntime)
     ]
     assert report.grants[0].wait_s >= 0
     assert report.batch is not None
-    # 40 tokens at --chunk 32: two pieces of 20
-    assert (report.batch.prefill_tokens, report.batch.decode_tokens) == (20, 0)
-    assert (report.load.running, report.load.blocks_used) == (1, 2)  # 20 tokens in its slot
+    assert (report.batch.prefill_tokens, report.batch.decode_tokens) == (32, 0)  # --chunk 32
+    assert (report.load.running, report.load.blocks_used) == (1, 2)  # 32 tokens in its slot
     assert [u.accepted for u in report.updates[FRONTEND]] == [True]
-    report = d.core.step()  # the rest of the prompt (20 tokens) and no decode row yet
-    assert report.batch is not None
-    assert (report.batch.prefill_tokens, report.batch.tokens) == (20, 20)
+    report = d.core.step()  # the rest of the prompt (8 tokens) and no decode row yet
+    assert report.batch is not None and (report.batch.prefill_tokens, report.batch.tokens) == (8, 8)
     assert report.generated == 1  # the prompt's last chunk gave the first token
     report = d.core.step()
     assert report.batch is not None and report.batch.decode_tokens == 1

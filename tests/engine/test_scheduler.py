@@ -66,16 +66,17 @@ def test_decode_rows_first_then_prompt_pieces_of_one_length_within_the_budget_in
     engine.submit("c", [3, 2, 1])  # next to b, a slot that keeps nothing: 2
     engine.submit("d", list(range(1, 21)))  # 20 tokens: next to b and c, 3
     engine.submit("e", list(range(2, 22)))  # the one left, 0
-    # In grant order: b's token, then c's whole prompt (sampled); d's and e's first pieces (5
-    # of 20: four even pieces of at most 6) are not of c's length and wait.
+    # In grant order: b's token, then c's whole prompt (sampled); d's and e's first pieces (6
+    # of 20) are not of c's length and wait.
     assert engine.step() == [(1, 1, True), (2, 3, True)]
     assert [engine.slot_of(r) for r in "bcde"] == [1, 2, 3, 0]
-    # Two tokens, then d's and e's pieces of one length: the budget (12) holds both. The rows
-    # go to llama.cpp in slot order.
+    # Two tokens and d's piece: e's piece of 6 would not fit the budget (12) beside them, and
+    # is not cut to the 4 rows left, which would be a piece of another length. The rows go to
+    # llama.cpp in slot order.
     for _ in range(3):
-        assert engine.step() == [(0, 5, False), (1, 1, True), (2, 1, True), (3, 5, False)]
-    assert engine.step() == [(0, 5, True), (1, 1, True), (2, 1, True), (3, 5, True)]
-    assert engine.step() == [(0, 1, True), (1, 1, True), (2, 1, True), (3, 1, True)]
+        assert engine.step() == [(1, 1, True), (2, 1, True), (3, 6, False)]
+    assert engine.step() == [(1, 1, True), (2, 1, True), (3, 2, True)]  # d's last, sampled
+    assert engine.step() == [(0, 6, False), (1, 1, True), (2, 1, True), (3, 1, True)]
 
 
 def test_a_piece_of_another_length_waits_and_the_budget_cuts_the_first() -> None:

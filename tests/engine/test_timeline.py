@@ -16,7 +16,7 @@ from tinyserve.engine.runtime.runtime import LlamaRuntime
 from .conftest import core_config
 from .test_core import FRONTEND, Driver
 
-PROMPT = list(range(100, 140))  # 40 tokens: two pieces of 20 with --chunk 32
+PROMPT = list(range(100, 140))  # 40 tokens: chunks of 32 and 8 with --chunk 32
 ROUNDING_MS = 0.01  # every figure is rounded to the microsecond
 
 
@@ -61,7 +61,7 @@ def test_request_that_waited_explains_its_wait_chunks_and_decode(runtime: LlamaR
     assert (t["accepted"]["running"], t["accepted"]["waiting"]) == (0, 1)  # "first" waited
     first_end = timeline(driver, first)["finish"]
     assert t["slot"]["tick"] == first_end["tick"] + 1  # the slot freed by "first", next tick
-    assert [c["tokens"] for c in t["prefill"]] == [20, 20]  # two even pieces of 40
+    assert [c["tokens"] for c in t["prefill"]] == [32, 8]
     assert [c["tick"] for c in t["prefill"]] == [t["slot"]["tick"], t["slot"]["tick"] + 1]
     assert t["finish"]["reason"] == p.FINISH_LENGTH
     assert t["finish"]["generated_tokens"] == 7
