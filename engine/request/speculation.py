@@ -26,8 +26,8 @@ match guesses far where a 2-gram one, in the same text, may not pay at all. A ki
 guesses do not pay is skipped for its next ``FIRST_PAUSE`` guesses, then tries one token to
 learn again; each pause that ends in no guess worth making doubles the next (up to
 ``MAX_PAUSE``), so that probing costs next to nothing where text does not repeat. The
-scheduler gives guesses only the step's token budget left after every decode row and prefill
-chunk.
+scheduler gives guesses only the step's token budget left after every decode row, and only in
+a step with no prompt piece (engine/scheduling/pieces.py).
 """
 
 from __future__ import annotations

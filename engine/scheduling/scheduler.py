@@ -180,11 +180,11 @@ class Scheduler:
         decoding = [seq for seq in self.running if seq.status is SequenceStatus.DECODE]
         plan: list[Row] = []
         budget = min(self.config.max_batch_tokens, self.kv.runtime.batch.capacity)
+        room = budget - self.config.slots  # what a piece always fits beside (defers)
         used, length = len(decoding), 0  # rows so far; the length of the tick's pieces
         for seq in self.running:
             piece = pieces.next_piece(seq.prefill_left, self.config.chunk)
             n = min(piece, budget - used)
-            room = budget - self.config.slots
             if n <= 0 or (length and n != length) or prompt_logprobs.defers(seq, n, piece, room):
                 continue
             last = seq.n_past + n == seq.prompt_len
