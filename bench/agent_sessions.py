@@ -335,6 +335,8 @@ def main() -> None:
     parser.add_argument("--servers", default="tinyserve,llama-server")
     parser.add_argument("--tinyserve-flag", action="append", default=[], metavar="FLAG",
                         help="passed to TinyServe as is (repeatable)")  # fmt: skip
+    parser.add_argument("--llama-server-flag", action="append", default=[], metavar="FLAG",
+                        help="passed to llama-server as is (repeatable): -fa=off")  # fmt: skip
     args = parser.parse_args()
     model = resolve_model_path(None)
     starters = {
@@ -345,7 +347,8 @@ def main() -> None:
             "-m", str(model), "-t", str(args.threads), "-tb", str(args.threads),
             "-c", str(args.slots * args.ctx_per_slot), "-np", str(args.slots), "--jinja",
             *([] if repack_weights("auto") else ["--no-repack"]),
-            *(["--ignore-eos"] if args.ignore_eos else [])], "agent-sessions.log"),
+            *(["--ignore-eos"] if args.ignore_eos else []), *args.llama_server_flag],
+            "agent-sessions.log"),
     }  # fmt: skip
     header = "the same" if args.same_header else "new every request"
     print(

@@ -36,14 +36,20 @@ PROMPT = "Write a story about a robot who learns to paint. Once upon a time,"
 
 @contextmanager
 def bare_llama(
-    n_ctx: int, n_batch: int, n_seq_max: int, unified: bool, threads: int
+    n_ctx: int, n_batch: int, n_seq_max: int, unified: bool, threads: int, flash_attn: str = "auto"
 ) -> Iterator[tuple[Any, Any]]:
     """The default model in a bare llama.cpp context, with no server: ``(context, batch)``, a
     batch of ``n_batch`` rows, freed on exit. llama.cpp's logs are off; weights are repacked
-    as the engine decides (``--repack auto``); ``n_ubatch`` is ``n_batch``."""
+    and flash attention chosen as the engine decides (``--repack``, ``--flash-attn``: ``auto``
+    unless ``flash_attn`` says otherwise); ``n_ubatch`` is ``n_batch``."""
     import llama_cpp
 
-    from tinyserve.engine.runtime.weights import model_params, repack_weights
+    from tinyserve.engine.runtime.weights import (
+        GpuSpec,
+        flash_attention,
+        model_params,
+        repack_weights,
+    )
     from tinyserve.model import resolve_model_path
 
     quiet = llama_cpp.llama_log_callback(lambda *_: None)  # kept alive for the whole run
@@ -54,6 +60,7 @@ def bare_llama(
     cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = n_ctx, n_batch, n_batch
     cparams.n_seq_max, cparams.kv_unified = n_seq_max, unified
     cparams.n_threads = cparams.n_threads_batch = threads
+    cparams.flash_attn_type = int(flash_attention(flash_attn, "f16", GpuSpec()))
     lctx = llama_cpp.llama_init_from_model(model, cparams)
     lbatch = llama_cpp.llama_batch_init(n_batch, 0, 1)
     try:

@@ -47,6 +47,7 @@ class Config:
     block_size: int
     threads: int
     kv_type: str
+    flash_attn: str
     repack: str
     gpu_layers: int
     main_gpu: int
@@ -269,6 +270,11 @@ def conflict(config: Config, role: str | None = None) -> str:
         return "--speculate draft needs --draft-model: the model that writes the guesses"
     if c.draft_model and c.speculate != "draft":
         return f"--draft-model is used only with --speculate draft, not {c.speculate}"
+    if c.kv_type != "f16" and c.flash_attn == "off":
+        return (
+            f"--kv-type {c.kv_type} needs flash attention (llama.cpp keeps a quantized V only "
+            "with it): --flash-attn auto or on"
+        )
     if c.cache_dir and not c.shared_cache:
         return "--cache-dir needs the prefix cache (--prefix-cache and --host-cache-mb above 0)"
     return ""

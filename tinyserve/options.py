@@ -235,6 +235,16 @@ OPTIONS: tuple[Option, ...] = (
         ("f16", "q8_0", "q4_0"),
     ),
     Option(
+        "flash_attn",
+        str,
+        "auto",
+        "llama.cpp's flash attention (llama-server's -fa); auto: off where every layer and "
+        "f16 cells are on the CPU (there its decode rows cost up to 3.5x more: "
+        "docs/benchmarks.md), on otherwise; a quantized --kv-type needs it",
+        _ENG,
+        ("auto", "on", "off"),
+    ),
+    Option(
         "repack",
         str,
         "auto",

@@ -19,7 +19,13 @@ import numpy.typing as npt
 
 from tinyserve.config import Config
 from tinyserve.engine.runtime.sampler import Sampler, Vocab
-from tinyserve.engine.runtime.weights import GpuSpec, check_gpu, load_model, repack_weights
+from tinyserve.engine.runtime.weights import (
+    GpuSpec,
+    check_gpu,
+    flash_attention,
+    load_model,
+    repack_weights,
+)
 from tinyserve.errors import EngineFatalError, RequestError
 from tinyserve.model import resolve_model_path
 from tinyserve.options import DEFAULT_CTX_FLOOR, DEFAULT_CTX_MEMORY_SHARE
@@ -55,6 +61,7 @@ class RuntimeSpec:
     repack: str = "auto"  # llama.cpp's weight repacking: "on", "off", or off where the CPU has AMX
     gpu: GpuSpec = field(default_factory=GpuSpec)
     kv_type: str = "f16"  # the cells' type: f16, q8_0 or q4_0
+    flash_attn: str = "auto"  # "on", "off", or off where the CPU alone holds f16 cells
 
     @classmethod
     def from_config(cls, config: Config, model: str | None = None) -> RuntimeSpec:
@@ -69,6 +76,7 @@ class RuntimeSpec:
             config.repack,
             GpuSpec.from_config(config),
             config.kv_type,
+            config.flash_attn,
         )
 
 
@@ -127,10 +135,12 @@ class LlamaRuntime:
         self._piece = ctypes.create_string_buffer(_PIECE_BUF)
         self._state: npt.NDArray[np.uint8] = np.empty(0, np.uint8)  # save_seq's, reused
         log.info(
-            "model loaded: %s (KV cache: %s of %s; n_batch=%d, threads=%d, gpu_layers=%s)",
+            "model loaded: %s (KV cache: %s of %s; flash attention %s; n_batch=%d, "
+            "threads=%d, gpu_layers=%s)",
             spec.model_path.name,
             self.kv,
             spec.kv_type,
+            "on" if self.kv_types["flash_attn"] > 0 else "off",
             n_batch,
             spec.n_threads,
             "all" if spec.gpu.layers < 0 else spec.gpu.layers,
@@ -180,8 +190,11 @@ class LlamaRuntime:
         params.no_perf = True
         kv_type = KV_TYPES[spec.kv_type][0]
         params.type_k = params.type_v = kv_type
-        if spec.kv_type != "f16":  # llama.cpp keeps a quantized V only with flash attention
-            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if flash_attention(spec.flash_attn, spec.kv_type, spec.gpu)
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
         # What the KV bytes' layout depends on (cache_store keys saved KV by it).
         self.kv_types = {
             "type_k": int(params.type_k),

@@ -1,4 +1,5 @@
-"""Loading a model's weights: where llama.cpp puts them (CPU, GPUs) and how it lays them out."""
+"""Loading a model's weights: where llama.cpp puts them (CPU, GPUs), how it lays them out, and
+which of its attention kernels runs over them."""
 
 from __future__ import annotations
 
@@ -80,6 +81,18 @@ def repack_weights(mode: str) -> bool:
         return True
     log.warning("weight repacking off: this CPU has AMX, whose kernels crash here (--repack on)")
     return False
+
+
+def flash_attention(mode: str, kv_type: str, gpu: GpuSpec) -> bool:
+    """Whether llama.cpp attends with flash attention: ``on``/``off`` as given; ``auto`` off
+    where every layer runs on the CPU with f16 cells. There the vendored CPU kernel goes
+    through a KV stream's rows one at a time below a tile of 64, each row slower than the
+    plain matmuls' (a decode row at 4,500 cells 85 ms against 27 ms; bench/attention_tiles.py),
+    and a server's ticks are mostly such rows. A quantized ``kv_type`` needs it (llama.cpp keeps
+    a quantized V only with it), and on a GPU it is llama.cpp's own choice (``-fa auto``)."""
+    if mode != "auto":
+        return mode == "on"
+    return kv_type != "f16" or gpu.layers != 0
 
 
 def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:

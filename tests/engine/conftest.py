@@ -41,3 +41,16 @@ def runtime() -> Iterator[LlamaRuntime]:
     rt = LlamaRuntime(RuntimeSpec.from_config(core_config()))
     yield rt
     rt.close()
+
+
+@pytest.fixture(scope="session")
+def exact_runtime() -> Iterator[LlamaRuntime]:
+    """The runtime with flash attention on. Its CPU kernel computes each of a stream's rows
+    below a tile of 64 on its own, so a row's logits do not depend on how many rows of its
+    sequence a step holds; with it off (the CPU's default) they move in the last bits with
+    the batch (docs/api.md, "Reproducibility"). Tests that compare replies across batch
+    shapes (with speculation and without) use it: they check the engine's rule, not
+    llama.cpp's summing order."""
+    rt = LlamaRuntime(RuntimeSpec.from_config(core_config(flash_attn="on")))
+    yield rt
+    rt.close()

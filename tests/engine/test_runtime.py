@@ -10,7 +10,14 @@ import pytest
 from tinyserve.config import parse_args
 from tinyserve.engine.runtime import weights as weights_module
 from tinyserve.engine.runtime.runtime import LlamaRuntime, RuntimeSpec
-from tinyserve.engine.runtime.weights import cpu_has_amx, model_params, repack_weights
+from tinyserve.engine.runtime.weights import (
+    GpuSpec,
+    cpu_has_amx,
+    flash_attention,
+    model_params,
+    repack_weights,
+)
+from tinyserve.options import GPU_LAYERS_ALL
 
 from .conftest import core_config
 
@@ -66,6 +73,27 @@ def test_the_flag_reaches_the_runtime_spec() -> None:
     assert RuntimeSpec.from_config(parse_args("engine", ["--repack", "off"])).repack == "off"
     with pytest.raises(SystemExit):
         parse_args("engine", ["--repack", "sometimes"])
+
+
+def test_flash_attention_is_off_on_the_cpu_with_f16_cells_and_on_where_it_is_needed() -> None:
+    cpu = GpuSpec()
+    assert flash_attention("auto", "f16", cpu) is False
+    assert flash_attention("auto", "q8_0", cpu) is True  # llama.cpp's rule for a quantized V
+    assert flash_attention("auto", "f16", GpuSpec(layers=GPU_LAYERS_ALL)) is True
+    assert flash_attention("on", "f16", cpu) is True
+    assert flash_attention("off", "f16", GpuSpec(layers=4)) is False
+
+
+def test_a_quantized_kv_type_with_flash_attention_off_is_refused_at_start() -> None:
+    with pytest.raises(SystemExit, match="--kv-type q4_0 needs flash attention"):
+        parse_args("engine", ["--kv-type", "q4_0", "--flash-attn", "off"])
+    assert parse_args("engine", ["--kv-type", "q8_0"]).flash_attn == "auto"
+    assert RuntimeSpec.from_config(parse_args("engine", ["--flash-attn", "on"])).flash_attn == "on"
+
+
+def test_the_context_attends_as_auto_chose(runtime: LlamaRuntime) -> None:
+    # The shared runtime is the default config's: every layer on the CPU, f16 cells.
+    assert runtime.kv_types["flash_attn"] == 0
 
 
 def test_a_batch_of_many_tokens_decodes_with_the_weights_as_auto_loads_them(

@@ -214,11 +214,11 @@ def run_all(
 
 
 def test_greedy_replies_are_the_same_with_speculation_on_and_off(
-    runtime: LlamaRuntime, tokenize: Callable[[str], list[int]]
+    exact_runtime: LlamaRuntime, tokenize: Callable[[str], list[int]]
 ) -> None:
     prompts = [tokenize(text) for text in REPEATING + FREE]
-    off, off_ids = run_all(runtime, prompts, "off")
-    on, on_ids = run_all(runtime, prompts, "ngram")
+    off, off_ids = run_all(exact_runtime, prompts, "off")
+    on, on_ids = run_all(exact_runtime, prompts, "ngram")
     for a, b in zip(off_ids, on_ids, strict=True):
         assert on.tokens(b) == off.tokens(a)
         assert on.text(b) == off.text(a)
@@ -250,11 +250,11 @@ DIGITS = 'root ::= (" " [0-9] ",")+'
     ids=["sampled", "top-p-and-penalty", "logprobs", "min-tokens", "grammar"],
 )
 def test_every_kind_of_request_gives_the_same_reply_with_speculation_on_and_off(
-    runtime: LlamaRuntime, tokenize: Callable[[str], list[int]], sampling: dict[str, object]
+    exact_runtime: LlamaRuntime, tokenize: Callable[[str], list[int]], sampling: dict[str, object]
 ) -> None:
     prompts = [tokenize(REPEATING[3]), tokenize(REPEATING[0])]
-    off, off_ids = run_all(runtime, prompts, "off", **sampling)
-    on, on_ids = run_all(runtime, prompts, "ngram", **sampling)
+    off, off_ids = run_all(exact_runtime, prompts, "off", **sampling)
+    on, on_ids = run_all(exact_runtime, prompts, "ngram", **sampling)
     for a, b in zip(off_ids, on_ids, strict=True):
         assert on.tokens(b) == off.tokens(a)
         assert logprobs(on, b) == logprobs(off, a)

@@ -28,7 +28,12 @@ import numpy as np
 import pytest
 import requests
 
-from tinyserve.engine.runtime.weights import model_params, repack_weights
+from tinyserve.engine.runtime.weights import (
+    GpuSpec,
+    flash_attention,
+    model_params,
+    repack_weights,
+)
 from tinyserve.model import resolve_model_path
 
 from .node import Node
@@ -68,7 +73,7 @@ def reference() -> Iterator[llama_cpp.Llama]:
             str(resolve_model_path(None)),
             n_ctx=2048,
             logits_all=True,
-            flash_attn=True,  # as the engine's context (llama.cpp's default "auto" picks it)
+            flash_attn=flash_attention("auto", "f16", GpuSpec()),  # as the engine's context
             n_threads=1,
             verbose=False,
         )
@@ -176,7 +181,12 @@ def test_n_3_with_a_seed_shares_one_prefill_and_reproduces(node: Node, model: st
     response = post(node, "/v1/completions", body)
     texts = [c["text"] for c in response.json()["choices"]]
     assert len(set(texts)) == 3  # each choice samples with its own seed
-    assert [c["text"] for c in post(node, "/v1/completions", body).json()["choices"]] == texts
+    # The same request in the same state of the cache reproduces. (The first came to a cold
+    # cache; its prefix computed in another batch shape may move the logits in the last bits:
+    # docs/api.md, "Reproducibility".)
+    warm = [[c["text"] for c in post(node, "/v1/completions", body).json()["choices"]]
+            for _ in range(2)]  # fmt: skip
+    assert warm[0] == warm[1] and len(set(warm[0])) == 3
     ids = response.headers["X-Choice-Request-Ids"].split(",")
     assert ids[0] == response.headers["X-Request-Id"] and len(ids) == 3
     timelines = [requests.get(f"{node.url}/v1/requests/{i}", timeout=60).json() for i in ids]

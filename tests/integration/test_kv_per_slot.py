@@ -24,7 +24,10 @@ FILLER = 28120  # a token of the default model's vocabulary ("hello")
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    flags = ("--slots", str(SLOTS), "--ctx-per-slot", str(CTX_PER_SLOT))
+    # Flash attention on: a row's logits then do not depend on the batch it came in
+    # (tests/engine/conftest.py, exact_runtime), so the same text alone and in the crowd
+    # checks the reuse itself, not llama.cpp's summing order.
+    flags = ("--slots", str(SLOTS), "--ctx-per-slot", str(CTX_PER_SLOT), "--flash-attn", "on")
     running = Node(tmp_path_factory.mktemp("kv_per_slot"), *flags).start()
     yield running
     assert running.stop() == 0
