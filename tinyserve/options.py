@@ -239,7 +239,7 @@ OPTIONS: tuple[Option, ...] = (
         str,
         "auto",
         "llama.cpp's flash attention (llama-server's -fa); auto: off where every layer and "
-        "f16 cells are on the CPU (there its decode rows cost up to 3.5x more: "
+        "f16 cells are on the CPU (there a decode row at 4,500 cells costs 2.5x more with it: "
         "docs/benchmarks.md), on otherwise; a quantized --kv-type needs it",
         _ENG,
         ("auto", "on", "off"),

@@ -87,7 +87,7 @@ def flash_attention(mode: str, kv_type: str, gpu: GpuSpec) -> bool:
     """Whether llama.cpp attends with flash attention: ``on``/``off`` as given; ``auto`` off
     where every layer runs on the CPU with f16 cells. There the vendored CPU kernel goes
     through a KV stream's rows one at a time below a tile of 64, each row slower than the
-    plain matmuls' (a decode row at 4,500 cells 85 ms against 27 ms; bench/attention_tiles.py),
+    plain matmuls' (a decode row at 4,500 cells 105 ms against 43 ms; bench/attention_tiles.py),
     and a server's ticks are mostly such rows. A quantized ``kv_type`` needs it (llama.cpp keeps
     a quantized V only with it), and on a GPU it is llama.cpp's own choice (``-fa auto``)."""
     if mode != "auto":
