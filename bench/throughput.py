@@ -60,7 +60,7 @@ def bare_llama(
     cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = n_ctx, n_batch, n_batch
     cparams.n_seq_max, cparams.kv_unified = n_seq_max, unified
     cparams.n_threads = cparams.n_threads_batch = threads
-    cparams.flash_attn_type = int(flash_attention(flash_attn, "f16", GpuSpec()))
+    cparams.flash_attn_type = flash_attention(flash_attn, "f16", GpuSpec())
     lctx = llama_cpp.llama_init_from_model(model, cparams)
     lbatch = llama_cpp.llama_batch_init(n_batch, 0, 1)
     try:

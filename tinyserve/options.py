@@ -240,7 +240,7 @@ OPTIONS: tuple[Option, ...] = (
         "auto",
         "llama.cpp's flash attention (llama-server's -fa); auto: off where every layer and "
         "f16 cells are on the CPU (there a decode row at 4,500 cells costs 2.5x more with it: "
-        "docs/benchmarks.md), on otherwise; a quantized --kv-type needs it",
+        "docs/benchmarks.md), llama.cpp's auto on a GPU; a quantized --kv-type needs it",
         _ENG,
         ("auto", "on", "off"),
     ),

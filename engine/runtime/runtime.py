@@ -140,7 +140,7 @@ class LlamaRuntime:
             spec.model_path.name,
             self.kv,
             spec.kv_type,
-            "on" if self.kv_types["flash_attn"] > 0 else "off",
+            {1: "on", 0: "off"}.get(self.kv_types["flash_attn"], "llama.cpp's auto"),
             n_batch,
             spec.n_threads,
             "all" if spec.gpu.layers < 0 else spec.gpu.layers,
@@ -190,11 +190,7 @@ class LlamaRuntime:
         params.no_perf = True
         kv_type = KV_TYPES[spec.kv_type][0]
         params.type_k = params.type_v = kv_type
-        params.flash_attn_type = (
-            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-            if flash_attention(spec.flash_attn, spec.kv_type, spec.gpu)
-            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        )
+        params.flash_attn_type = flash_attention(spec.flash_attn, spec.kv_type, spec.gpu)
         # What the KV bytes' layout depends on (cache_store keys saved KV by it).
         self.kv_types = {
             "type_k": int(params.type_k),

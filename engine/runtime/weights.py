@@ -83,16 +83,22 @@ def repack_weights(mode: str) -> bool:
     return False
 
 
-def flash_attention(mode: str, kv_type: str, gpu: GpuSpec) -> bool:
-    """Whether llama.cpp attends with flash attention: ``on``/``off`` as given; ``auto`` off
-    where every layer runs on the CPU with f16 cells. There the vendored CPU kernel goes
+FLASH_ATTN_ON = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+FLASH_ATTN_OFF = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+
+
+def flash_attention(mode: str, kv_type: str, gpu: GpuSpec) -> int:
+    """llama.cpp's ``flash_attn_type``: enabled or disabled for ``on``/``off``; for ``auto``,
+    disabled where every layer runs on the CPU with f16 cells. There the vendored CPU kernel goes
     through a KV stream's rows one at a time below a tile of 64, each row slower than the
     plain matmuls' (a decode row at 4,500 cells 105 ms against 43 ms; bench/attention_tiles.py),
     and a server's ticks are mostly such rows. A quantized ``kv_type`` needs it (llama.cpp keeps
     a quantized V only with it), and on a GPU it is llama.cpp's own choice (``-fa auto``)."""
     if mode != "auto":
-        return mode == "on"
-    return kv_type != "f16" or gpu.layers != 0
+        return FLASH_ATTN_ON if mode == "on" else FLASH_ATTN_OFF
+    if kv_type != "f16":
+        return FLASH_ATTN_ON
+    return llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if gpu.layers else FLASH_ATTN_OFF
 
 
 def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:

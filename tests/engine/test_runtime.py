@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import llama_cpp
 import pytest
 
 from tinyserve.config import parse_args
 from tinyserve.engine.runtime import weights as weights_module
 from tinyserve.engine.runtime.runtime import LlamaRuntime, RuntimeSpec
 from tinyserve.engine.runtime.weights import (
+    FLASH_ATTN_OFF,
+    FLASH_ATTN_ON,
     GpuSpec,
     cpu_has_amx,
     flash_attention,
@@ -76,12 +79,12 @@ def test_the_flag_reaches_the_runtime_spec() -> None:
 
 
 def test_flash_attention_is_off_on_the_cpu_with_f16_cells_and_on_where_it_is_needed() -> None:
-    cpu = GpuSpec()
-    assert flash_attention("auto", "f16", cpu) is False
-    assert flash_attention("auto", "q8_0", cpu) is True  # llama.cpp's rule for a quantized V
-    assert flash_attention("auto", "f16", GpuSpec(layers=GPU_LAYERS_ALL)) is True
-    assert flash_attention("on", "f16", cpu) is True
-    assert flash_attention("off", "f16", GpuSpec(layers=4)) is False
+    cpu, auto = GpuSpec(), llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+    assert flash_attention("auto", "f16", cpu) == FLASH_ATTN_OFF
+    assert flash_attention("auto", "q8_0", cpu) == FLASH_ATTN_ON  # a quantized V needs it
+    assert flash_attention("auto", "f16", GpuSpec(layers=GPU_LAYERS_ALL)) == auto  # llama.cpp's
+    assert flash_attention("on", "f16", cpu) == FLASH_ATTN_ON
+    assert flash_attention("off", "f16", GpuSpec(layers=4)) == FLASH_ATTN_OFF
 
 
 def test_a_quantized_kv_type_with_flash_attention_off_is_refused_at_start() -> None:

@@ -29,6 +29,7 @@ import pytest
 import requests
 
 from tinyserve.engine.runtime.weights import (
+    FLASH_ATTN_ON,
     GpuSpec,
     flash_attention,
     model_params,
@@ -73,7 +74,8 @@ def reference() -> Iterator[llama_cpp.Llama]:
             str(resolve_model_path(None)),
             n_ctx=2048,
             logits_all=True,
-            flash_attn=flash_attention("auto", "f16", GpuSpec()),  # as the engine's context
+            flash_attn=flash_attention("auto", "f16", GpuSpec())
+            == FLASH_ATTN_ON,  # as the engine's context
             n_threads=1,
             verbose=False,
         )
